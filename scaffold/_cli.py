@@ -1,0 +1,227 @@
+"""The `scaffold` command line: flags mapped to library calls, errors mapped to exit codes.
+
+The answer flags of `new` (--name, --task, --device, ...) are made from templates/copier.yml
+when this module is imported: one option a question, its choices as an enum.
+"""
+
+import enum
+import functools
+import importlib
+import inspect
+import sys
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+
+from scaffold import __version__, check, questions, render
+from scaffold.errors import ScaffoldError
+
+# The click that typer runs on: the `click` package, or the copy newer typers carry inside.
+_click_errors = importlib.import_module(typer.BadParameter.__module__)
+
+app = typer.Typer(
+    name="scaffold",
+    help="Generate a standalone PyTorch training project that carries its own checks.",
+    add_completion=False,
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+
+
+def _choice_enum(question: questions.Question) -> type[enum.Enum]:
+    """The values of a choice question, as the enum typer turns into a choice of flag values."""
+    values = [str(value) for value in question.values]
+    return enum.Enum(question.name.title().replace("_", ""), {v: v for v in values}, type=str)
+
+
+def _answer_parameters() -> Iterator[inspect.Parameter]:
+    """One keyword-only option a question that a person answers, in copier.yml's order."""
+    for question in questions.asked_questions():
+        if question.choices:
+            kind: Any = _choice_enum(question)
+            declaration = question.flag
+        elif question.type == "bool":
+            kind = bool
+            declaration = f"{question.flag}/--no-{question.flag.removeprefix('--')}"
+        else:  # text, and whole numbers checked by render.parse_answers for a clearer message
+            kind = str
+            declaration = question.flag
+        metavar = {"int": "N", "str": "TEXT"}.get(question.type) if not question.choices else None
+        option = typer.Option(declaration, help=question.help, show_default=False, metavar=metavar)
+        yield inspect.Parameter(
+            question.name,
+            inspect.Parameter.KEYWORD_ONLY,
+            default=None,
+            annotation=Annotated[kind | None, option],
+        )
+
+
+def _with_answer_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    """Give `command` the answer options; it receives the given ones as `answers`."""
+    signature = inspect.signature(command)
+    own = [p for p in signature.parameters.values() if p.name != "answers"]
+    extra = list(_answer_parameters())
+    names = [p.name for p in extra]
+    clash = set(names) & {p.name for p in own}
+    assert not clash, f"copier.yml questions clash with options of {command.__name__}: {clash}"
+
+    @functools.wraps(command)
+    def with_answers(**kwargs: Any) -> Any:
+        answers = {}
+        for name in names:
+            value = kwargs.pop(name)
+            if value is not None:
+                answers[name] = value.value if isinstance(value, enum.Enum) else value
+        return command(answers=answers, **kwargs)
+
+    with_answers.__signature__ = signature.replace(parameters=own + extra)  # type: ignore[attr-defined]
+    return with_answers
+
+
+def _print_version(wanted: bool) -> None:
+    if wanted:
+        print(f"scaffold {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _scaffold(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", help="Print scaffold's version and exit", callback=_print_version
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
+_Device = _choice_enum(questions.load_questions()["device"])
+
+
+@app.command()
+@_with_answer_options
+def new(
+    dest: Annotated[
+        Path, typer.Argument(help="Folder to create the project in", show_default=False)
+    ],
+    defaults: Annotated[
+        bool, typer.Option("--defaults", help="Ask nothing: unanswered questions take defaults")
+    ] = False,
+    run_check: Annotated[
+        bool, typer.Option("--check", help="Then run the project's checks, exit with their status")
+    ] = False,
+    force: Annotated[
+        bool,
+        typer.Option("--force", help="Add to a non-empty DEST (never changes a file there)"),
+    ] = False,
+    git: Annotated[
+        bool, typer.Option("--git/--no-git", help="Make the project a git repository")
+    ] = True,
+    *,
+    answers: dict[str, Any],
+) -> int:
+    """Create a project in DEST. On a terminal, asks every question no flag answers."""
+    ask = not defaults and sys.stdin.isatty() and sys.stdout.isatty()
+    project = render.new_project(dest, answers, ask=ask, force=force, git=git)
+    name = project.answers.get("project_name", project.path.name)
+    print(f"Created {name} in {project.path}" + _GIT_NOTES.get(project.git, ""))
+    if run_check:
+        return check.run_checks(project.path, say=_note)
+    return 0
+
+
+_GIT_NOTES = {
+    "committed": ", a git repository with its first commit",
+    "existing repository": " (its git repository was left as it was: commit when you like)",
+}
+
+
+@app.command("check")
+def check_(
+    directory: Annotated[
+        Path, typer.Argument(help="A project made by scaffold new", show_default=False)
+    ],
+    device: Annotated[
+        _Device | None,  # type: ignore[valid-type]
+        typer.Option(help="Run on this device (default: the project's, else cpu)"),
+    ] = None,
+) -> int:
+    """Run a project's checks (`python -m <pkg> check all`) and exit with their status."""
+    return check.run_checks(directory, device.value if device else None, say=_note)
+
+
+@app.command()
+def options() -> int:
+    """List every question `scaffold new` asks, with its choices and default."""
+    defaults = questions.resolved_defaults()
+    for question in questions.asked_questions():
+        print(_describe(question, defaults.get(question.name)))
+    return 0
+
+
+def _describe(question: questions.Question, default: Any) -> str:
+    lines = [f"{question.name} ({_flag_usage(question)})"]
+    if question.help:
+        lines.append(f"    {question.help}")
+    if question.choices:
+        labels = [
+            c.label if c.label.startswith(str(c.value)) else f"{c.value}: {c.label}"
+            for c in question.choices
+        ]
+        lines.append("    choices: " + ", ".join(labels))
+    lines.append(f"    default: {_default_text(question, default)}")
+    return "\n".join(lines)
+
+
+def _flag_usage(question: questions.Question) -> str:
+    if question.type == "bool":
+        return f"{question.flag}/--no-{question.flag.removeprefix('--')}"
+    if question.choices:
+        return f"{question.flag} {'|'.join(str(v) for v in question.values)}"
+    return f"{question.flag} {'N' if question.type == 'int' else 'TEXT'}"
+
+
+def _default_text(question: questions.Question, default: Any) -> str:
+    written = str(question.default)
+    if "dst_path" in written:
+        return "the name of DEST's folder"
+    if question.type == "bool":
+        return question.flag if default else f"--no-{question.flag.removeprefix('--')}"
+    if "{{" in written or "{%" in written:
+        return f"{default} (on this machine)"
+    return str(default)
+
+
+def _note(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+_NoArgsIsHelp = getattr(_click_errors, "NoArgsIsHelpError", ())  # click >= 8.2
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; every error becomes one `error: ...` line and an exit code."""
+    try:
+        result = app(args=argv, prog_name="scaffold", standalone_mode=False)
+    except ScaffoldError as err:
+        return _error(str(err), err.exit_code)
+    except _NoArgsIsHelp as err:
+        print(err.format_message())
+        return 0
+    except _click_errors.ClickException as err:  # unknown flag, bad choice, missing DEST
+        return _error(err.format_message(), err.exit_code)
+    except (typer.Abort, KeyboardInterrupt):
+        return _error("interrupted", 130)
+    return result if isinstance(result, int) else 0
+
+
+def _error(message: str, exit_code: int) -> int:
+    print("error: " + " ".join(message.split()), file=sys.stderr, flush=True)
+    return exit_code
+
+
+def main() -> None:
+    sys.exit(run())

@@ -1,0 +1,72 @@
+"""Run a generated project's own checks (`python -m <pkg> check all`) from the scaffolder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import yaml
+
+from scaffold.errors import UsageError
+from scaffold.questions import device_available, package_name
+
+ANSWERS_FILE = ".copier-answers.yml"
+
+
+def project_answers(project: Path) -> dict:
+    """The answers a project was rendered with ({} when it has no answers file)."""
+    path = project / ANSWERS_FILE
+    if not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+
+
+def project_package(project: Path) -> str:
+    """The import name of the project in `project`: from its answers, else its only package."""
+    name = project_answers(project).get("project_name")
+    if name:
+        return package_name(str(name))
+    packages = sorted(p.parent.name for p in (project / "src").glob("*/__main__.py"))
+    if len(packages) != 1:
+        raise UsageError(
+            f"{project} is not a scaffold project: no {ANSWERS_FILE}, and "
+            f"{len(packages)} packages under src/ instead of one"
+        )
+    return packages[0]
+
+
+def check_command(project: Path, device: str | None = None) -> list[str]:
+    """The command line that runs every check of `project`, with this Python."""
+    command = [sys.executable, "-m", project_package(project), "check", "all"]
+    if device:
+        command += ["--device", device]
+    return command
+
+
+def check_device(project: Path, device: str | None, say: Callable[[str], None]) -> str | None:
+    """The --device to pass: `device` if given, else cpu when this machine lacks the project's."""
+    if device:
+        return device
+    wanted = project_answers(project).get("device")
+    if wanted and not device_available(str(wanted)):
+        say(f"this machine has no {wanted}: running the checks with --device cpu")
+        return "cpu"
+    return None
+
+
+def run_checks(
+    project: Path | str, device: str | None = None, *, say: Callable[[str], None] = print
+) -> int:
+    """Run `python -m <pkg> check all` in `project`, output streaming; return its exit status."""
+    project = Path(os.path.abspath(project))
+    if not project.is_dir():
+        raise UsageError(f"{project} is not a folder")
+    command = check_command(project, check_device(project, device, say))
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(project / "src"), env.get("PYTHONPATH")) if p
+    )
+    return subprocess.run(command, cwd=project, env=env, check=False).returncode

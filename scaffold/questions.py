@@ -1,0 +1,177 @@
+"""The questionnaire, read from the template's copier.yml, and the facts about this machine.
+
+copier.yml is the single source of truth for the questions, their choices, defaults and
+validators: everything here is derived from it, nothing re-lists an option.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.metadata
+import pkgutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+# Questions whose flag is not `--<name-with-dashes>`.
+_FLAG_NAMES = {"project_name": "--name"}
+
+
+@dataclass(frozen=True)
+class Choice:
+    label: str  # what copier's prompt shows
+    value: Any  # what the answers file records
+
+
+@dataclass(frozen=True)
+class Question:
+    name: str
+    type: str  # copier's type: str, int, float, bool, yaml, json
+    help: str
+    default: Any  # as written in copier.yml: may be a Jinja template
+    choices: tuple[Choice, ...] = ()
+    # `when: false`: never asked nor saved; a machine fact scaffold supplies, or a derived value.
+    hidden: bool = False
+
+    @property
+    def flag(self) -> str:
+        """The `scaffold new` option that answers this question."""
+        return _FLAG_NAMES.get(self.name, "--" + self.name.replace("_", "-"))
+
+    @property
+    def values(self) -> tuple[Any, ...]:
+        return tuple(choice.value for choice in self.choices)
+
+
+def template_dir() -> Path:
+    """The copier template: inside the installed package, else at the root of this checkout."""
+    packaged = _PACKAGE_DIR / "templates"
+    if (packaged / "copier.yml").is_file():
+        return packaged
+    return _PACKAGE_DIR.parent / "templates"
+
+
+@functools.cache
+def load_questions(template: Path | None = None) -> dict[str, Question]:
+    """Every question of `template`'s copier.yml (default: scaffold's own), in file order."""
+    path = (template or template_dir()) / "copier.yml"
+    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    return {
+        name: _question(name, spec) for name, spec in config.items() if not name.startswith("_")
+    }
+
+
+def asked_questions(template: Path | None = None) -> list[Question]:
+    """The questions a person answers (by a flag or a prompt), in file order."""
+    return [q for q in load_questions(template).values() if not q.hidden]
+
+
+def package_name(project_name: str) -> str:
+    """The import name of a project: copier.yml's `package_name` rule."""
+    return project_name.lower().replace("-", "_").replace(".", "_")
+
+
+@functools.cache
+def machine_facts() -> dict[str, Any]:
+    """The answers of copier.yml's hidden machine questions, measured on this machine."""
+    import torch  # slow to import: only when a project is rendered or checked
+
+    if torch.cuda.is_available():
+        device = "cuda"
+    elif torch.backends.mps.is_available():
+        device = "mps"
+    else:
+        device = "cpu"
+    cuda_fp16_only = device == "cuda" and not torch.cuda.is_bf16_supported()
+    return {
+        "machine_device": device,
+        "machine_cuda_precision": "fp16" if cuda_fp16_only else "bf16",
+        "unavailable_packages": _importable_top_level_names(),
+    }
+
+
+def device_available(device: str) -> bool:
+    """Whether this machine can run on `device` (cpu, cuda or mps)."""
+    if device == "cpu":
+        return True
+    import torch
+
+    if device == "cuda":
+        return torch.cuda.is_available()
+    if device == "mps":
+        return torch.backends.mps.is_available()
+    return False
+
+
+def resolved_defaults(template: Path | None = None) -> dict[str, Any]:
+    """What each question defaults to on this machine, for a project rendered at `.../DEST`."""
+    import copier  # imported here so that reading the questionnaire stays cheap
+
+    with tempfile.TemporaryDirectory() as parent:
+        worker = copier.run_copy(
+            str(template or template_dir()),
+            Path(parent) / "DEST",
+            data=machine_facts(),
+            defaults=True,
+            pretend=True,
+            quiet=True,
+        )
+        answers = worker.answers.combined
+        return {q.name: answers.get(q.name) for q in asked_questions(template)}
+
+
+def _question(name: str, spec: Any) -> Question:
+    if not isinstance(spec, dict):  # copier's shorthand `name: default`
+        return Question(name=name, type=_type_of(spec), help="", default=spec)
+    return Question(
+        name=name,
+        type=spec.get("type") or _type_of(spec.get("default")),
+        help=spec.get("help", ""),
+        default=spec.get("default"),
+        choices=_choices(spec.get("choices")),
+        hidden=spec.get("when") is False,
+    )
+
+
+def _choices(raw: Any) -> tuple[Choice, ...]:
+    """copier's choice forms: a list of values or of [label, value] pairs, or a mapping of
+    label to value or to {value, validator}."""
+    if raw is None:
+        return ()
+    if isinstance(raw, dict):
+        pairs = list(raw.items())
+    else:
+        pairs = [tuple(item) if isinstance(item, list) else (str(item), item) for item in raw]
+    return tuple(
+        Choice(label=str(label), value=value["value"] if isinstance(value, dict) else value)
+        for label, value in pairs
+    )
+
+
+def _type_of(value: Any) -> str:
+    if isinstance(value, bool):
+        return "bool"
+    if isinstance(value, int):
+        return "int"
+    if isinstance(value, float):
+        return "float"
+    return "str"
+
+
+def _importable_top_level_names() -> list[str]:
+    """Standard-library modules and top-level names importable in this environment: a project
+    package with one of these names would shadow it. The working directory is left out: it is
+    where the command runs, not the environment the project will run in."""
+    cwd = {"", ".", str(Path.cwd())}
+    paths = [p for p in sys.path if p not in cwd]
+    names = set(sys.stdlib_module_names)
+    names |= set(sys.builtin_module_names)
+    names |= {module.name for module in pkgutil.iter_modules(paths)}
+    names |= set(importlib.metadata.packages_distributions())
+    return sorted(names)
