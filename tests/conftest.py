@@ -1,0 +1,69 @@
+"""Shared helpers: run `scaffold` in this process, and snapshot folders to prove nothing changed."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from scaffold._cli import run
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@dataclass
+class Ran:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+    @property
+    def stderr_lines(self) -> list[str]:
+        return self.stderr.splitlines()
+
+
+@pytest.fixture
+def scaffold(capfd, monkeypatch):
+    """Run the command line in this process, through `run`, where errors become exit codes.
+
+    Output is captured at the file-descriptor level, so a project's own checks (a child
+    process) are captured too. stdout is not a terminal here, so `new` never prompts.
+    """
+
+    def invoke(*args: object, cwd: Path | None = None) -> Ran:
+        if cwd is not None:
+            monkeypatch.chdir(cwd)
+        capfd.readouterr()
+        exit_code = run([str(a) for a in args])
+        out, err = capfd.readouterr()
+        return Ran(exit_code, out, err)
+
+    return invoke
+
+
+def scaffold_process(*args: object, cwd: Path, **kwargs) -> subprocess.CompletedProcess[str]:
+    """Run `python -m scaffold` as a real process, without a terminal."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p)
+    return subprocess.run(
+        [sys.executable, "-m", "scaffold", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        **kwargs,
+    )
+
+
+def snapshot(folder: Path) -> dict[str, bytes | None]:
+    """Every path under `folder` with its bytes (None for a folder): equal snapshots, same tree."""
+    return {
+        str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes()
+        for p in sorted(folder.rglob("*"))
+    }
