@@ -1,0 +1,48 @@
+"""A non-editable install into a fresh virtual environment renders a project that passes its checks:
+every import of scaffold and of the generated project is declared, and the wheel carries the
+template."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+
+def run(*command, cwd, env) -> subprocess.CompletedProcess[str]:
+    result = subprocess.run(
+        [str(c) for c in command], cwd=cwd, env=env, capture_output=True, text=True, timeout=1200
+    )
+    assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+    return result
+
+
+def test_installed_scaffold_renders_a_project_that_passes_its_checks(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTHONPATH", "VIRTUAL_ENV"}}
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", venv], check=True)
+    python = venv / "bin" / "python"
+    run(python, "-m", "pip", "install", "-q", "torch==2.13.0", cwd=tmp_path, env=env)
+    run(python, "-m", "pip", "install", "-q", REPO, cwd=tmp_path, env=env)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+
+    located = run(
+        python, "-c", "from scaffold.questions import template_dir; print(template_dir())",
+        cwd=elsewhere, env=env,
+    )  # fmt: skip
+    assert located.stdout.strip().startswith(str(venv))  # the wheel's copy, not the checkout's
+
+    run(venv / "bin" / "scaffold", "new", "demo", "--defaults", "--no-git", cwd=elsewhere, env=env)
+    project = elsewhere / "demo"
+    checked = run(
+        python, "-m", "demo", "check", "all", cwd=project, env={**env, "PYTHONPATH": "src"}
+    )
+    lines = checked.stdout.splitlines()
+    for start in ("**Run:**", "**Sanity:**", "**Throughput:**"):
+        assert any(line.startswith(start) for line in lines), checked.stdout
