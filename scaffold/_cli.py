@@ -105,7 +105,8 @@ _Device = _choice_enum(questions.load_questions()["device"])
 @_with_answer_options
 def new(
     dest: Annotated[
-        Path, typer.Argument(help="Folder to create the project in", show_default=False)
+        Path,
+        typer.Argument(metavar="DEST", help="Folder to create the project in", show_default=False),
     ],
     defaults: Annotated[
         bool, typer.Option("--defaults", help="Ask nothing: unanswered questions take defaults")
@@ -142,7 +143,8 @@ _GIT_NOTES = {
 @app.command("check")
 def check_(
     directory: Annotated[
-        Path, typer.Argument(help="A project made by scaffold new", show_default=False)
+        Path,
+        typer.Argument(metavar="DIR", help="A project made by scaffold new", show_default=False),
     ],
     device: Annotated[
         _Device | None,  # type: ignore[valid-type]

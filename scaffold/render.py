@@ -65,7 +65,7 @@ def new_project(
     `force` lets a non-empty `dest` take the project's files, as long as no file already there
     would change. Raises a `ScaffoldError`, having written nothing, for any invalid input.
     """
-    dest = Path(os.path.abspath(dest))
+    dest = Path(os.path.realpath(dest))  # staging must share the real DEST's filesystem
     template = template or template_dir()
     data = parse_answers(answers or {}, template)
     data.update(machine_facts())
@@ -100,7 +100,9 @@ def new_project(
         shutil.rmtree(staging, ignore_errors=True)
     recorded = worker.answers.combined
     return NewProject(
-        path=dest, answers={q.name: recorded[q.name] for q in asked_questions(template)}, git=status
+        path=dest,
+        answers={q.name: recorded.get(q.name) for q in asked_questions(template)},
+        git=status,
     )
 
 
