@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import io
 import os
+import re
 import sys
 
 import pexpect
 import yaml
 from conftest import REPO
 
-from scaffold.questions import machine_facts
+from scaffold.questions import asked_questions, load_questions, machine_facts
 
 ENTER = "\r"
 DOWN = "\x1b[B"
@@ -35,29 +36,27 @@ def spawn(*args: str, cwd) -> pexpect.spawn:
 
 
 def test_terminal_prompts_for_what_no_flag_answered(tmp_path):
+    device = load_questions()["device"]
+    typed = {
+        "project_name": CLEAR_LINE + "my-run" + ENTER,
+        "device": DOWN * device.values.index("cuda") + ENTER,
+        "grad_accum_steps": CLEAR_LINE + "3" + ENTER,
+    }
     child = spawn("new", "demo", "--compile", "--no-git", cwd=tmp_path)
 
-    child.expect("Project name")
-    child.send(CLEAR_LINE + "my-run" + ENTER)
-    child.expect("What the model learns")
-    child.send(ENTER)  # the default task
-    child.expect("Where training runs")
-    child.send(DOWN + ENTER)  # the second device: cuda
-    child.expect("Numeric precision")
-    child.send(ENTER)  # the default for cuda on this machine
-    child.expect("Gradient accumulation steps")
-    child.send(CLEAR_LINE + "3" + ENTER)
+    for question in asked_questions():
+        if question.name != "compile":  # answered by the flag
+            child.expect(re.escape(question.help))
+            child.send(typed.get(question.name, ENTER))  # Enter takes the default
     child.expect("Created my-run in ")
     child.expect(pexpect.EOF)
     child.close()
 
     assert child.exitstatus == 0
-    assert (
-        "torch.compile" not in child.logfile_read.getvalue()
-    )  # answered by --compile, so never asked
+    assert load_questions()["compile"].help not in child.logfile_read.getvalue()  # never asked
     answers = yaml.safe_load((tmp_path / "demo" / ".copier-answers.yml").read_text())
     assert answers["project_name"] == "my-run"
-    assert answers["task"] == "classification"
+    assert answers["task"] == load_questions()["task"].default
     assert answers["device"] == "cuda"
     assert answers["precision"] == machine_facts()["machine_cuda_precision"]
     assert answers["grad_accum_steps"] == 3
