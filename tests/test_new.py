@@ -119,6 +119,7 @@ BAD_ANSWERS = {
     "path separator": ["--name", "../escape"],
     "absolute path": ["--name", "/tmp/escape"],
     "spaces": ["--name", "my run"],
+    "trailing newline": ["--name", "demo\n"],
     "empty name": ["--name", ""],
 }
 
