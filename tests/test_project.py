@@ -1,0 +1,313 @@
+"""Generated projects behave as DESIGN.md promises: checks, exact resume after a kill, corrupt
+checkpoints, refused resumes, clear data errors and complete run records.
+
+Each test renders a project and drives it as its user would, through `python -m <package>`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scaffold.render import new_project
+
+# One compile cache for every project these tests run: compiling the same graphs is paid once.
+INDUCTOR_CACHE = Path(__file__).resolve().parent.parent / ".pytest_cache" / "inductor"
+
+# Small and fast, with the structure that matters: 16 steps an epoch, checkpoints every 10.
+SMALL_RUN = (
+    "--max-train-examples",
+    "1024",
+    "--batch-size",
+    "64",
+    "--ckpt-every",
+    "10",
+    "--eval-every",
+    "25",
+    "--log-every",
+    "1",
+    "--deterministic",
+    "--num-workers",
+    "1",
+)
+
+
+def render(dest: Path, **answers) -> Path:
+    return new_project(dest, answers).path
+
+
+def run(project: Path, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        _command(project, args),
+        cwd=project,
+        env=_env(project),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        **kwargs,
+    )
+
+
+def _command(project: Path, args) -> list[str]:
+    package = next((project / "src").iterdir()).name
+    return [sys.executable, "-m", package, *map(str, args)]
+
+
+def _env(project: Path) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(project / "src"),
+        "PYTHONUNBUFFERED": "1",
+        "TORCHINDUCTOR_CACHE_DIR": str(INDUCTOR_CACHE),
+    }
+
+
+def records(run_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return render(tmp_path_factory.mktemp("p") / "demo")
+
+
+@pytest.fixture(scope="module")
+def finished(project) -> Path:
+    """A completed 60-step run, the reference the resume tests compare against."""
+    done = run(project, "train", "--run-dir", "runs/reference", "--max-steps", "60", *SMALL_RUN)
+    assert done.returncode == 0, done.stderr
+    return project / "runs" / "reference"
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [
+        {},
+        {"device": "cuda", "precision": "fp16", "grad_accum_steps": 4},
+        {"device": "mps", "precision": "bf16", "compile": True},
+    ],
+    ids=["default", "cuda-fp16-accum4", "mps-bf16-compile"],
+)
+def test_check_all_passes_and_prints_the_summary(answers, tmp_path):
+    project = render(tmp_path / "proj", **answers)
+    done = run(project, "check", "all", "--device", "cpu")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert [line.split()[0] for line in lines[-3:]] == [
+        "**Run:**",
+        "**Sanity:**",
+        "**Throughput:**",
+    ]
+    assert "resume check matched: yes" in lines[-2]
+    commit = lines[-3].split("commit ")[1].split(",")[0]
+    assert len(commit) == 12 and commit != "none"  # the project's own first commit
+    for name in ("overfit", "loader", "resume"):
+        assert any(line.startswith(f"{name}: PASS") for line in lines), done.stdout
+
+
+def test_the_projects_own_tests_pass(project):
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=project,
+        env=_env(project),
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "3 passed" in done.stdout
+
+
+def test_a_killed_run_resumes_to_the_same_records(project, finished):
+    command = _command(
+        project, ["train", "--run-dir", "runs/killed", "--max-steps", "60", *SMALL_RUN]
+    )
+    with subprocess.Popen(
+        command, cwd=project, env=_env(project), stdout=subprocess.PIPE, text=True
+    ) as proc:
+        for line in proc.stdout:
+            if line.startswith("step 25/"):
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+    done = run(project, "train", "--run-dir", "runs/killed", "--max-steps", "60", *SMALL_RUN)
+    assert done.returncode == 0, done.stderr
+    resumed_at = int(done.stdout.split("resuming from ")[1].split(" at step ")[1].split()[0])
+    assert 20 <= resumed_at < 60
+    assert records(project / "runs" / "killed") == records(finished)  # one record a step, all equal
+
+
+def test_a_corrupt_newest_checkpoint_is_reported_and_the_previous_one_used(
+    project, finished, tmp_path
+):
+    copy = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(finished), str(copy)], check=True)
+    newest = copy / "checkpoints" / "step-00000060.pt"
+    newest.write_bytes(newest.read_bytes()[:1000])  # truncated, as by a full disk
+    (copy / "checkpoints" / "step-00000050.pt").write_bytes(b"")  # zero bytes
+    stale = copy / "checkpoints" / ".step-00000070.pt.tmp"  # a save cut short by a crash
+    stale.write_bytes(b"partial")
+
+    done = run(project, "train", "--run-dir", copy, "--max-steps", "60", *SMALL_RUN)
+    assert done.returncode == 0, done.stderr
+    assert "step-00000060.pt is unreadable" in done.stdout
+    assert "step-00000050.pt is unreadable" in done.stdout
+    assert f"resuming from {copy / 'checkpoints' / 'step-00000040.pt'} at step 40" in done.stdout
+    assert records(copy) == records(finished)
+    assert not stale.exists()
+
+
+def test_no_usable_checkpoint_is_an_error_naming_the_files(project, finished, tmp_path):
+    copy = tmp_path / "run"
+    subprocess.run(["cp", "-r", str(finished), str(copy)], check=True)
+    for path in (copy / "checkpoints").glob("step-*.pt"):
+        path.write_bytes(b"not a checkpoint")
+    done = run(project, "train", "--run-dir", copy, "--max-steps", "60", *SMALL_RUN)
+    assert done.returncode == 1
+    assert done.stderr.startswith("error: no usable checkpoint")
+    for step in (40, 50, 60):
+        assert f"step-{step:08d}.pt" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_resume_that_changes_the_model_is_refused(project, finished):
+    before = (finished / "metrics.jsonl").read_bytes()
+    done = run(
+        project,
+        "train",
+        "--run-dir",
+        finished,
+        "--max-steps",
+        "80",
+        *SMALL_RUN,
+        "--hidden-dim",
+        "64",
+    )
+    assert done.returncode == 2
+    assert "hidden_dim 256 -> 64" in done.stderr
+    assert (finished / "metrics.jsonl").read_bytes() == before
+
+
+def test_run_records_hold_what_was_run(finished):
+    run_json = json.loads((finished / "run.json").read_text())
+    assert run_json["seed"] == 0 and run_json["config"]["max_steps"] == 60
+    assert len(run_json["git"]["commit"]) == 40
+    assert {"python", "torch", "numpy"} <= run_json["versions"].keys()
+    assert run_json["command"][0].endswith("__main__.py") and run_json["started"]
+
+    metrics = records(finished)
+    train = [r for r in metrics if r["split"] == "train"]
+    val = [r for r in metrics if r["split"] == "val"]
+    assert [r["step"] for r in train] == list(range(1, 61))
+    assert [r["step"] for r in val] == [25, 50, 60]
+    assert set(train[0]) == {"step", "split", "loss", "lr", "grad_norm"}
+    assert set(val[0]) == {"step", "split", "loss", "accuracy"}
+    assert train[-1]["loss"] < train[0]["loss"]
+    saved = sorted(p.name for p in (finished / "checkpoints").iterdir())
+    assert saved == ["best.pt", "step-00000040.pt", "step-00000050.pt", "step-00000060.pt"]
+
+
+def test_learns_a_csv_and_an_npz_file(project, tmp_path):
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((1200, 6))
+    y = (x[:, 0] + x[:, 1] * x[:, 2] > 0).astype(int) + 2 * (x[:, 3] > 0.5)  # 4 classes
+    np.savez(tmp_path / "d.npz", x=x, y=y)
+    rows = ["a,b,c,d,e,f,label"] + [
+        ",".join(map(str, [*row, label])) for row, label in zip(x, y, strict=True)
+    ]
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
+    for name in ("d.npz", "d.csv"):
+        run_dir = tmp_path / f"run-{name}"
+        done = run(
+            project,
+            "train",
+            "--data",
+            tmp_path / name,
+            "--run-dir",
+            run_dir,
+            "--max-steps",
+            "300",
+            "--eval-every",
+            "100",
+            "--batch-size",
+            "64",
+            "--warmup-steps",
+            "20",
+        )
+        assert done.returncode == 0, done.stderr
+        best = max(r["accuracy"] for r in records(run_dir) if r["split"] == "val")
+        assert best > 0.85, (name, best)
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"),
+    [
+        ("a,b,label\n1,2,0\n3,oops,1\n", "bad.csv:3: column 'b' holds 'oops', not a number"),
+        ("a,b,label\n1,2,0\n3,4,1.5\n", "label of example 1 is 1.5"),
+        ("", "bad.csv: need a header row"),
+        (b"a,b,label\n1,2,\xff\n", "bad.csv: not UTF-8"),
+    ],
+    ids=["text-cell", "fractional-label", "empty", "not-utf8"],
+)
+def test_malformed_csv_is_named_before_training(project, tmp_path, content, expected):
+    path = tmp_path / "bad.csv"
+    path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    done = run(project, "inspect-data", "--data", path)
+    assert done.returncode == 2
+    assert expected in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.splitlines()) == 1
+
+
+def test_an_npz_without_labels_is_named(project, tmp_path):
+    np.savez(tmp_path / "x_only.npz", x=np.zeros((10, 3)))
+    done = run(project, "train", "--data", tmp_path / "x_only.npz", "--run-dir", tmp_path / "r")
+    assert done.returncode == 2
+    assert "x_only.npz: missing array(s) y" in done.stderr
+    assert not (tmp_path / "r").exists()  # refused before the run folder was made
+
+
+def test_inspect_data_shows_shapes_labels_and_examples(project):
+    done = run(project, "inspect-data")
+    assert done.returncode == 0, done.stderr
+    assert "train: x (3686, 16) torch.float32" in done.stdout
+    assert "label counts" in done.stdout and "example 0: label" in done.stdout
+
+
+def test_early_stopping_ends_the_run_when_validation_stops_improving(project, tmp_path):
+    # 64 training examples without dropout: the model memorises them and validation worsens.
+    args = (
+        "--max-train-examples",
+        "64",
+        "--batch-size",
+        "32",
+        "--dropout",
+        "0",
+        "--lr",
+        "1e-2",
+        "--eval-every",
+        "20",
+        "--patience",
+        "3",
+        "--max-steps",
+        "5000",
+        "--warmup-steps",
+        "0",
+    )
+    done = run(project, "train", "--run-dir", tmp_path / "run", *args)
+    assert done.returncode == 0, done.stderr
+    assert "early stop: no improvement in 3 validations" in done.stdout
+    val = [r for r in records(tmp_path / "run") if r["split"] == "val"]
+    best = min(range(len(val)), key=lambda i: val[i]["loss"])
+    assert (
+        len(val) == best + 4 and val[-1]["step"] < 5000
+    )  # stopped three validations after the best
+    assert (tmp_path / "run" / "checkpoints" / f"step-{val[-1]['step']:08d}.pt").exists()
