@@ -15,7 +15,7 @@ from typing import Annotated, Any
 
 import typer
 
-from scaffold import __version__, check, questions, render
+from scaffold import __version__, check, questions, render, update
 from scaffold.errors import ScaffoldError
 
 # The click that typer runs on: the `click` package, or the copy newer typers carry inside.
@@ -153,6 +153,43 @@ def check_(
 ) -> int:
     """Run a project's checks (`python -m <pkg> check all`) and exit with their status."""
     return check.run_checks(directory, device.value if device else None, say=_note)
+
+
+@app.command("update")
+@_with_answer_options
+def update_(
+    directory: Annotated[
+        Path,
+        typer.Argument(metavar="DIR", help="A project made by scaffold new", show_default=False),
+    ],
+    *,
+    answers: dict[str, Any],
+) -> int:
+    """Merge the template's changes, and answers changed by flags, into the project in DIR.
+
+    A git three-way merge: your edits stay. Commit your changes first.
+    """
+    result = update.update_project(directory, answers)
+    for name, (saved, now) in result.changed_answers.items():
+        print(f"{name}: {saved} -> {now}" if saved is not None else f"{name}: {now} (new)")
+    if result.status == "up to date":
+        print(f"Nothing to update: {result.path} already has this template and these answers")
+        return 0
+    if result.status == "merged":
+        count = len(result.files)
+        print(
+            f"Updated {result.path}: merged the new render into {result.branch} "
+            f"({count} file{'s' if count != 1 else ''} changed: git show --stat)"
+        )
+        return 0
+    _note(f"error: the update conflicts with edits in {result.path}; git left conflict markers in:")
+    for name in result.files:
+        _note(f"    {name}")
+    _note(
+        "Resolve each conflict, then `git add` those files and `git commit` to finish the "
+        "update; or undo it with `git merge --abort`."
+    )
+    return 1
 
 
 @app.command()

@@ -40,6 +40,8 @@ _COPIER_ANSWER_ERROR = re.compile(
     r"|Invalid choice for '(?P<choice>\w+)': )"
 )
 _GIT_FALLBACK_IDENTITY = ("-c", "user.name=scaffold", "-c", "user.email=scaffold@localhost")
+# The branch of a project's repository that holds its pristine renders, the base of every update.
+PRISTINE_BRANCH = "scaffold/template"
 
 
 @dataclass(frozen=True)
@@ -216,7 +218,10 @@ def _differs(new: Path, old: Path) -> bool:
 
 
 def _git_commit(project: Path, files: list[Path] | None) -> None:
-    """Make `project` a git repository with one commit of `files` (None: everything in it)."""
+    """Make `project` a git repository with one commit of `files` (None: everything in it).
+
+    That commit is the pristine render too: PRISTINE_BRANCH starts there (see scaffold.update).
+    """
     _git(project, "init", "-q")
     identity = () if _git_identity_configured(project) else _GIT_FALLBACK_IDENTITY
     if files is None:
@@ -225,6 +230,7 @@ def _git_commit(project: Path, files: list[Path] | None) -> None:
         _git(project, "add", "--", *map(str, files))
     message = f"Initial project from scaffold {__version__}"
     _git(project, *identity, "commit", "-q", "--no-verify", "--no-gpg-sign", "-m", message)
+    _git(project, "branch", "--no-track", PRISTINE_BRANCH)
 
 
 def _git_identity_configured(project: Path) -> bool:
@@ -234,9 +240,14 @@ def _git_identity_configured(project: Path) -> bool:
     )
 
 
-def _git(project: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _git(
+    project: Path, *args: str, check: bool = True, index: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run git in `project`; `index`: a separate index file, leaving the project's alone."""
     # A GIT_DIR or GIT_WORK_TREE of the calling shell (a git hook, say) must not redirect us.
     env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_VARIABLES}
+    if index is not None:
+        env["GIT_INDEX_FILE"] = str(index)
     try:
         result = subprocess.run(
             ["git", *args], cwd=project, env=env, capture_output=True, text=True, check=False

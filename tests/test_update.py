@@ -1,0 +1,325 @@
+"""`scaffold update`: changed answers and template changes merged into an edited project.
+
+Each test makes a project, edits and commits it as its owner would, then updates it. Template
+upgrades are simulated with a copy of templates/ that the test changes between two renders.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+import yaml
+from conftest import snapshot
+
+from scaffold import update
+from scaffold.errors import ScaffoldError
+from scaffold.questions import load_questions, machine_facts, template_dir
+from scaffold.render import PRISTINE_BRANCH, new_project
+
+# Answers pinned so that a GPU machine's defaults do not change what an update changes.
+PINNED = ("--device", "cpu", "--precision", "fp32", "--no-compile", "--grad-accum-steps", "1")
+CONFIG = "src/demo/config.py"
+CONFIG_JINJA = "project/src/{{ package_name }}/config.py.jinja"
+
+
+def git(project, *args) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=project, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def replace_once(path, pattern: str, replacement: str) -> None:
+    text, count = re.subn(pattern, replacement, path.read_text())
+    assert count == 1, f"{pattern!r} should occur once in {path}"
+    path.write_text(text)
+
+
+def edit_as_owner(project) -> None:
+    """A committed edit (a shorter warmup), a committed new file and an untracked one."""
+    replace_once(project / CONFIG, r"warmup_steps: int = \d+", "warmup_steps: int = 50")
+    (project / "NOTES.md").write_text("# Our runs\n\nlr 3e-3 diverges on the big set.\n")
+    git(project, "add", CONFIG, "NOTES.md")
+    git(project, "-c", "user.name=Owner", "-c", "user.email=o@example.com", "commit", "-qm", "mine")
+    (project / "scratch.txt").write_text("not committed\n")
+
+
+def owner_work_is_intact(project) -> None:
+    assert "warmup_steps: int = 50" in (project / CONFIG).read_text()
+    assert (project / "NOTES.md").read_text() == "# Our runs\n\nlr 3e-3 diverges on the big set.\n"
+    assert (project / "scratch.txt").read_text() == "not committed\n"
+
+
+def merged_the_pristine_branch(project) -> None:
+    """HEAD is a merge commit whose second parent is the newest pristine render."""
+    assert git(project, "rev-parse", "HEAD^2") == git(project, "rev-parse", PRISTINE_BRANCH)
+    assert git(project, "status", "--porcelain") == "?? scratch.txt"
+
+
+def clone(project, tmp_path):
+    """A fresh clone: the pristine branch exists only as origin/scaffold/template."""
+    copy = tmp_path / "elsewhere" / "demo"
+    subprocess.run(["git", "clone", "-q", str(project), str(copy)], check=True)
+    (copy / "scratch.txt").write_text("not committed\n")
+    assert git(copy, "branch", "--list", PRISTINE_BRANCH) == ""
+    return copy
+
+
+def files_and_refs(project) -> tuple:
+    """The working tree, index, branches and HEAD: everything of a project but git's objects."""
+    files = {k: v for k, v in snapshot(project).items() if not k.startswith(".git/")}
+    return files, git(project, "ls-files", "-s"), git(project, "show-ref", "--head")
+
+
+def saved_answers(project) -> dict:
+    return yaml.safe_load((project / ".copier-answers.yml").read_text())
+
+
+def run_project_checks(project) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "demo", "check", "all", "--device", "cpu"],
+        cwd=project,
+        env={**os.environ, "PYTHONPATH": str(project / "src")},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+@pytest.fixture
+def template(tmp_path, monkeypatch):
+    """A copy of the installed template, which `scaffold update` then takes as its own."""
+    copy = tmp_path / "template"
+    shutil.copytree(template_dir(), copy)
+    monkeypatch.setattr(update, "template_dir", lambda: copy)
+    return copy
+
+
+# --- (a) and (e): an answer changed by a flag ---------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["project", "fresh clone"])
+def test_answer_change_keeps_the_edit_and_brings_the_new_code(scaffold, tmp_path, where):
+    scaffold("new", tmp_path / "demo", *PINNED)
+    edit_as_owner(tmp_path / "demo")
+    project = tmp_path / "demo" if where == "project" else clone(tmp_path / "demo", tmp_path)
+
+    ran = scaffold("update", project, "--precision", "bf16")
+
+    assert ran.exit_code == 0, ran.stderr
+    assert "precision: fp32 -> bf16" in ran.stdout and "Updated" in ran.stdout
+    owner_work_is_intact(project)
+    assert "AMP_DTYPE = torch.bfloat16" in (project / "src/demo/train.py").read_text()
+    assert saved_answers(project)["precision"] == "bf16"
+    merged_the_pristine_branch(project)
+    if where == "project":
+        checks = run_project_checks(project)
+        assert checks.returncode == 0, checks.stdout + checks.stderr
+        assert "resume check matched: yes" in checks.stdout
+
+
+@pytest.mark.skipif("tracker" not in load_questions(), reason="copier.yml has no tracker yet")
+def test_tracker_arrives_in_an_edited_project(scaffold, tmp_path):
+    project = tmp_path / "demo"
+    scaffold("new", project, *PINNED, "--tracker", "none")
+    edit_as_owner(project)
+
+    ran = scaffold("update", project, "--tracker", "tensorboard")
+
+    assert ran.exit_code == 0, ran.stderr
+    owner_work_is_intact(project)
+    assert saved_answers(project)["tracker"] == "tensorboard"
+    sources = "".join(p.read_text() for p in (project / "src/demo").glob("*.py"))
+    assert "tensorboard" in sources.lower()
+    merged_the_pristine_branch(project)
+    pytest.importorskip("tensorboard", reason="the tensorboard project's checks need it")
+    checks = run_project_checks(project)
+    assert checks.returncode == 0, checks.stdout + checks.stderr
+
+
+def test_same_answers_and_template_is_nothing_to_update(scaffold, tmp_path):
+    project = tmp_path / "demo"
+    scaffold("new", project, *PINNED)
+    edit_as_owner(project)
+    before = snapshot(project)
+
+    ran = scaffold("update", project, "--precision", "fp32")
+
+    assert ran.exit_code == 0, ran.stderr
+    assert ran.stdout.startswith("Nothing to update")
+    assert snapshot(project) == before
+
+
+# --- (b) and (e): a newer template --------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["project", "fresh clone"])
+def test_template_change_reaches_an_edited_project(tmp_path, template, where):
+    new_project(tmp_path / "demo", {"device": "cpu", "precision": "fp32"}, template=template)
+    first_render = git(tmp_path / "demo", "rev-parse", PRISTINE_BRANCH)
+    edit_as_owner(tmp_path / "demo")
+    project = tmp_path / "demo" if where == "project" else clone(tmp_path / "demo", tmp_path)
+    # The next version of the template: a new helper in config.py, and a new file.
+    with (template / CONFIG_JINJA).open("a") as config:
+        config.write('\n\ndef summary(cfg: Config) -> str:\n    return f"{cfg.lr=}"\n')
+    (template / "project" / "UPGRADING.md.jinja").write_text("Run {{ package_name }}.\n")
+
+    result = update.update_project(project, template=template)
+
+    assert result.status == "merged"
+    assert set(result.files) == {CONFIG, "UPGRADING.md"}
+    owner_work_is_intact(project)
+    assert "def summary(cfg: Config) -> str:" in (project / CONFIG).read_text()
+    assert (project / "UPGRADING.md").read_text() == "Run demo.\n"
+    merged_the_pristine_branch(project)
+    assert git(project, "rev-parse", f"{PRISTINE_BRANCH}^") == first_render
+
+
+# --- (c): an edit on the same lines as a template change ----------------------------------
+
+
+def test_edit_on_the_same_lines_conflicts_with_markers(scaffold, tmp_path, template):
+    project = tmp_path / "demo"
+    new_project(project, {"device": "cpu", "precision": "fp32"}, template=template)
+    edit_as_owner(project)
+    replace_once(template / CONFIG_JINJA, r"warmup_steps: int = \d+", "warmup_steps: int = 200")
+
+    ran = scaffold("update", project)
+
+    assert ran.exit_code == 1
+    assert ran.stderr_lines[0].startswith("error: the update conflicts with edits")
+    assert ran.stderr_lines[1] == f"    {CONFIG}"
+    assert all(step in ran.stderr for step in ("git add", "git commit", "git merge --abort"))
+    config = (project / CONFIG).read_text()
+    assert re.search(
+        r"<<<<<<< .*\n.*warmup_steps: int = 50.*\n=======\n.*warmup_steps: int = 200.*\n>>>>>>> ",
+        config,
+    ), config
+    owner_work_is_intact(project)  # the file the conflict is in aside
+
+    # The owner finishes as told (keeping their warmup); the next update has nothing to do.
+    replace_once(project / CONFIG, r"<<<<<<< .*\n(.*\n)=======\n.*\n>>>>>>> .*\n", r"\1")
+    git(project, "add", CONFIG)
+    git(project, "-c", "user.name=Owner", "-c", "user.email=o@example.com", "commit", "-q",
+        "--no-edit")  # fmt: skip
+    assert scaffold("update", project).stdout.startswith("Nothing to update")
+    assert "warmup_steps: int = 50" in (project / CONFIG).read_text()
+
+
+# --- (d): refusals that change nothing ----------------------------------------------------
+
+
+def _unstaged(project):
+    replace_once(project / CONFIG, r"n_layers: int = \d+", "n_layers: int = 5")
+
+
+def _staged(project):
+    _unstaged(project)
+    git(project, "add", CONFIG)
+
+
+def _merge_in_progress(project):
+    git(project, "checkout", "-qb", "other")
+    _staged(project)
+    git(project, "-c", "user.name=O", "-c", "user.email=o@o", "commit", "-qm", "five layers")
+    git(project, "checkout", "-q", "-")
+    replace_once(project / CONFIG, r"n_layers: int = \d+", "n_layers: int = 7")
+    git(project, "-c", "user.name=O", "-c", "user.email=o@o", "commit", "-qam", "seven layers")
+    merge = subprocess.run(["git", "merge", "other"], cwd=project, capture_output=True)
+    assert merge.returncode == 1
+
+
+@pytest.mark.parametrize(
+    "make_dirty", [_unstaged, _staged, _merge_in_progress], ids=["unstaged", "staged", "merging"]
+)
+def test_dirty_tree_is_refused_and_left_untouched(scaffold, tmp_path, make_dirty):
+    project = tmp_path / "demo"
+    scaffold("new", project, *PINNED)
+    make_dirty(project)
+    before = snapshot(project)  # .git included: no branch, commit or index change either
+
+    ran = scaffold("update", project, "--precision", "bf16")
+
+    assert ran.exit_code == 2
+    assert len(ran.stderr_lines) == 1 and ran.stderr.startswith("error: "), ran.stderr
+    assert "uncommitted changes" in ran.stderr or "merge is in progress" in ran.stderr
+    assert snapshot(project) == before
+
+
+@pytest.mark.parametrize(
+    "args", [["--grad-accum-steps", "0"], ["--device", "tpu"]], ids=["invalid", "not a choice"]
+)
+def test_bad_answer_is_refused_and_changes_nothing(scaffold, tmp_path, args):
+    project = tmp_path / "demo"
+    scaffold("new", project, *PINNED)
+    before = snapshot(project)
+
+    ran = scaffold("update", project, *args)
+
+    assert ran.exit_code == 2 and len(ran.stderr_lines) == 1, ran.stderr
+    assert snapshot(project) == before
+
+
+def test_project_without_git_is_refused(scaffold, tmp_path):
+    scaffold("new", tmp_path / "demo", "--no-git")
+
+    ran = scaffold("update", tmp_path / "demo")
+
+    assert ran.exit_code == 2 and len(ran.stderr_lines) == 1
+    assert "not a git repository" in ran.stderr
+
+
+def test_folder_that_is_not_a_project_is_refused(scaffold, tmp_path):
+    ran = scaffold("update", tmp_path)
+
+    assert ran.exit_code == 2 and ran.stderr_lines == [ran.stderr_lines[0]]
+    assert "not a scaffold project" in ran.stderr
+
+
+def test_untracked_file_in_the_way_is_never_overwritten(tmp_path, template):
+    project = tmp_path / "demo"
+    new_project(project, {"device": "cpu"}, template=template)
+    (project / "UPGRADING.md").write_text("my own notes\n")  # untracked, where v2 adds a file
+    (template / "project" / "UPGRADING.md.jinja").write_text("Run {{ package_name }}.\n")
+    before = files_and_refs(project)
+
+    with pytest.raises(ScaffoldError, match=r"nothing was changed.*UPGRADING\.md"):
+        update.update_project(project, template=template)
+
+    # Unreachable objects of the render may stay in .git/objects, for git gc to drop.
+    assert files_and_refs(project) == before
+
+
+# --- the machine the update runs on -------------------------------------------------------
+
+
+def test_update_works_where_the_project_itself_is_installed(tmp_path, monkeypatch):
+    project = tmp_path / "demo"
+    new_project(project, {"device": "cpu", "precision": "fp32"})
+    facts = machine_facts()  # as after `pip install -e .` of the project: `demo` is importable
+    installed = {**facts, "unavailable_packages": [*facts["unavailable_packages"], "demo"]}
+    monkeypatch.setattr(update, "machine_facts", lambda: installed)
+
+    result = update.update_project(project, {"precision": "bf16"})
+
+    assert result.status == "merged" and result.changed_answers == {"precision": ("fp32", "bf16")}
+
+
+def test_update_commits_without_a_git_identity(tmp_path, monkeypatch):
+    project = tmp_path / "demo"
+    new_project(project, {"device": "cpu", "precision": "fp32"})
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("GIT_CONFIG_GLOBAL", os.devnull)
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    for variable in ("GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_COMMITTER_NAME"):
+        monkeypatch.delenv(variable, raising=False)
+
+    result = update.update_project(project, {"precision": "bf16"})
+
+    assert result.status == "merged"
+    authors = git(project, "log", "-2", "--format=%an <%ae>", "--all").splitlines()
+    assert authors == ["scaffold <scaffold@localhost>"] * 2
