@@ -17,11 +17,34 @@ RESIDUE = re.compile(r"\{%-?\s|\s-?%\}|\{\{\s|\s\}\}|\{#|#\}|\.jinja\b")
 LONGEST_NAME = "a-long-project-name-to-fill-forty-chars1"
 
 
+ALL = combinations()
+
+
+def _fast_subset() -> list[dict]:
+    """Every loop option (device, precision, accumulation, compile) for the default task and
+    tracker, and every task x tracker pair with the loop options cycling through their values."""
+    loop = [c for c in ALL if c["task"] == "classification" and c["tracker"] == "none"]
+    pairs = sorted({(c["task"], c["tracker"]) for c in ALL})
+    subset = list(loop)
+    for i, (task, tracker) in enumerate(pairs):
+        candidates = [c for c in ALL if c["task"] == task and c["tracker"] == tracker]
+        subset.append(candidates[(7 * i) % len(candidates)])
+    return subset
+
+
 def _source(project: Path) -> str:
     return "\n".join(p.read_text() for p in sorted(project.rglob("*.py")))
 
 
-@pytest.mark.parametrize("answers", combinations(), ids=combination_id)
+FAST = _fast_subset()
+REST = [c for c in ALL if c not in FAST]
+
+
+@pytest.mark.parametrize(
+    "answers",
+    [*FAST, *(pytest.param(c, marks=pytest.mark.matrix) for c in REST)],
+    ids=combination_id,
+)
 def test_renders_lint_clean_without_residue(answers, tmp_path):
     project = new_project(tmp_path / LONGEST_NAME, answers, git=False).path
 
@@ -54,6 +77,15 @@ def test_renders_lint_clean_without_residue(answers, tmp_path):
     assert ("set_float32_matmul_precision" in source) == (answers["device"] == "cuda")
     assert ("torch.mps" in source) == (answers["device"] == "mps")
     assert ("torch.cuda.get_rng_state" in source) == (answers["device"] == "cuda")
+    for tracker, marker in (
+        ("tensorboard", "SummaryWriter"),
+        ("wandb", "wandb"),
+        ("mlflow", "mlflow"),
+    ):
+        assert (marker in source) == (answers["tracker"] == tracker), tracker
+        pyproject = (project / "pyproject.toml").read_text()
+        assert (f'"{tracker}' in pyproject) == (answers["tracker"] == tracker), tracker
+    assert ("def sample(" in source) == (answers["task"] == "generation")
     compile(source, "<project>", "exec")  # every file parses on its own too, via ruff above
 
 
