@@ -116,13 +116,14 @@ def test_answer_change_keeps_the_edit_and_brings_the_new_code(scaffold, tmp_path
     assert "AMP_DTYPE = torch.bfloat16" in (project / "src/demo/train.py").read_text()
     assert saved_answers(project)["precision"] == "bf16"
     merged_the_pristine_branch(project)
-    if where == "project":
-        checks = run_project_checks(project)
-        assert checks.returncode == 0, checks.stdout + checks.stderr
-        assert "resume check matched: yes" in checks.stdout
 
 
-@pytest.mark.skipif("tracker" not in load_questions(), reason="copier.yml has no tracker yet")
+NO_TRACKER = pytest.mark.skipif(
+    "tracker" not in load_questions(), reason="copier.yml has no tracker yet"
+)
+
+
+@NO_TRACKER
 def test_tracker_arrives_in_an_edited_project(scaffold, tmp_path):
     project = tmp_path / "demo"
     scaffold("new", project, *PINNED, "--tracker", "none")
@@ -133,12 +134,31 @@ def test_tracker_arrives_in_an_edited_project(scaffold, tmp_path):
     assert ran.exit_code == 0, ran.stderr
     owner_work_is_intact(project)
     assert saved_answers(project)["tracker"] == "tensorboard"
+    assert '"tensorboard' in (project / "pyproject.toml").read_text()  # its dependency
     sources = "".join(p.read_text() for p in (project / "src/demo").glob("*.py"))
     assert "tensorboard" in sources.lower()
     merged_the_pristine_branch(project)
-    pytest.importorskip("tensorboard", reason="the tensorboard project's checks need it")
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        pytest.param(["--precision", "bf16"], id="bf16"),
+        pytest.param(["--tracker", "tensorboard"], marks=NO_TRACKER, id="tensorboard"),
+    ],
+)
+def test_updated_project_passes_its_checks(scaffold, tmp_path, flags):
+    project = tmp_path / "demo"
+    scaffold("new", project, *PINNED)
+    edit_as_owner(project)
+    assert scaffold("update", project, *flags).exit_code == 0
+    if "tensorboard" in flags:
+        pytest.importorskip("tensorboard", reason="the tensorboard project's checks need it")
+
     checks = run_project_checks(project)
+
     assert checks.returncode == 0, checks.stdout + checks.stderr
+    assert "resume check matched: yes" in checks.stdout
 
 
 def test_same_answers_and_template_is_nothing_to_update(scaffold, tmp_path):
