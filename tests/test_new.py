@@ -17,8 +17,7 @@ from scaffold.questions import load_questions, machine_facts
 
 def answers_file(project) -> dict:
     answers = yaml.safe_load((project / ".copier-answers.yml").read_text())
-    answers.pop("_src_path")
-    answers.pop("_commit", None)
+    assert "_src_path" not in answers  # a path on the machine that rendered it: never saved
     return answers
 
 

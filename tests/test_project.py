@@ -304,7 +304,7 @@ def test_early_stopping_ends_the_run_when_validation_stops_improving(project, tm
     )
     done = run(project, "train", "--run-dir", tmp_path / "run", *args)
     assert done.returncode == 0, done.stderr
-    assert "early stop: no improvement in 3 validations" in done.stdout
+    assert "early stop: no better validation in 3 since step" in done.stdout
     val = [r for r in records(tmp_path / "run") if r["split"] == "val"]
     best = min(range(len(val)), key=lambda i: val[i]["loss"])
     assert (
