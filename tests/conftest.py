@@ -1,7 +1,9 @@
-"""Shared helpers: run `scaffold` in this process, and snapshot folders to prove nothing changed."""
+"""Shared helpers: run `scaffold` in this process, snapshot folders to prove nothing changed,
+and tally what the fault and bad-input suites tried."""
 
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 import sys
@@ -67,3 +69,22 @@ def snapshot(folder: Path) -> dict[str, bytes | None]:
         str(p.relative_to(folder)): None if p.is_dir() else p.read_bytes()
         for p in sorted(folder.rglob("*"))
     }
+
+
+# suite -> {"inputs tried": n, "faults injected": n, ...}, printed at the end of the session.
+_TALLY: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+
+
+@pytest.fixture(scope="session")
+def tally() -> dict[str, collections.Counter[str]]:
+    """Counts a suite adds to: what it tried, what it injected, what was recovered or lost."""
+    return _TALLY
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    if not _TALLY:
+        return
+    terminalreporter.section("fault and bad-input summary")
+    for suite, counts in _TALLY.items():
+        line = ", ".join(f"{key} {value}" for key, value in counts.items())
+        terminalreporter.write_line(f"{suite}: {line}")
