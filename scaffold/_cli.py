@@ -8,14 +8,17 @@ import enum
 import functools
 import importlib
 import inspect
+import os
+import shutil
 import sys
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
 
-from scaffold import __version__, check, questions, render, update
+from scaffold import __version__, check, matrix, questions, render, update
 from scaffold.errors import ScaffoldError
 
 # The click that typer runs on: the `click` package, or the copy newer typers carry inside.
@@ -190,6 +193,92 @@ def update_(
         "update; or undo it with `git merge --abort`."
     )
     return 1
+
+
+@app.command("matrix")
+def matrix_(
+    jobs: Annotated[
+        int | None,
+        typer.Option("--jobs", "-j", min=1, help="Combinations run at once (default: CPU count)"),
+    ] = None,
+    only: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--only", metavar="KEY=VALUE", help="Only combinations with this answer (repeatable)"
+        ),
+    ] = None,
+    list_: Annotated[
+        bool, typer.Option("--list", help="Print the combinations, one a line, and run nothing")
+    ] = False,
+    shard: Annotated[
+        str | None,
+        typer.Option("--shard", metavar="I/N", help="Run slice I of N (1 <= I <= N)"),
+    ] = None,
+    junit: Annotated[
+        Path | None, typer.Option("--junit", metavar="FILE", help="Write a JUnit XML report")
+    ] = None,
+    native_device: Annotated[
+        bool,
+        typer.Option(
+            "--native-device",
+            help="Run the checks on each project's own device (default: --device cpu)",
+        ),
+    ] = False,
+    workdir: Annotated[
+        Path | None,
+        typer.Option("--workdir", metavar="DIR", help="Render here (default: a temporary folder)"),
+    ] = None,
+    keep: Annotated[
+        bool, typer.Option("--keep", help="Keep every rendered project, not only failing ones")
+    ] = False,
+    timeout: Annotated[
+        float,
+        typer.Option("--timeout", metavar="SECONDS", help="Fail a check running longer than this"),
+    ] = 900,
+) -> int:
+    """Render, lint and check every valid combination of answers (or those --only selects)."""
+    combos = matrix.select(matrix.combinations(), only or [])
+    if shard:
+        combos = matrix.shard(combos, shard)
+    if list_:
+        for answers in combos:
+            print(" ".join(f"{k}={matrix._spelling(v)}" for k, v in answers.items()))
+        return 0
+    if not combos:
+        _note("no combination matches")
+        return 0
+    live = sys.stderr.isatty()
+    started = time.perf_counter()
+    failed = 0
+
+    def on_done(outcome: matrix.Outcome, done: int, total: int) -> None:
+        nonlocal failed
+        failed += not outcome.passed
+        line = matrix.progress_line(outcome, done, total, failed, time.perf_counter() - started)
+        if live:
+            width = shutil.get_terminal_size().columns - 1
+            sys.stderr.write("\r\033[K" + line[:width])
+            sys.stderr.flush()
+        else:
+            _note(line)
+
+    _note(f"matrix: {len(combos)} combinations, {jobs or os.cpu_count()} at a time")
+    outcomes = matrix.run_matrix(
+        combos,
+        jobs=jobs,
+        workdir=workdir,
+        native_device=native_device,
+        keep=keep,
+        timeout=timeout,
+        on_done=on_done,
+    )
+    wall = time.perf_counter() - started
+    if live:
+        sys.stderr.write("\n")
+    print(matrix.summary(outcomes, wall))
+    if junit:
+        matrix.write_junit(outcomes, junit, wall)
+    return 1 if any(not o.passed for o in outcomes) else 0
 
 
 @app.command()
