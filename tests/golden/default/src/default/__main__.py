@@ -1,0 +1,65 @@
+"""The command line: train, check, inspect-data.
+
+    python -m default train [--data FILE] [--run-dir DIR] [--max-steps N] ...
+    python -m default check [all|overfit|resume|loader] [train's options]
+    python -m default inspect-data [--data FILE]
+    python -m default plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
+    python -m default report RUN_DIR
+
+Every field of config.Config is an option; `train --help` lists them.
+"""
+
+import argparse
+import sys
+
+from .checkpoint import CheckpointError
+from .checks import run_checks
+from .config import ConfigError, add_config_arguments, config_from_args
+from .data import DataError, load_splits, summarize
+from .report import ReportError, plot, report
+from .runlog import RunDirError
+from .train import TrainingError, train
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog=f"python -m {__package__}", description=__doc__.splitlines()[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+    add_config_arguments(commands.add_parser("train", help="train, or resume the run in --run-dir"))
+    check = commands.add_parser("check", help="prove the training code: overfit, resume, loader")
+    check.add_argument("which", nargs="?", default="all", choices=["all", "overfit", "resume", "loader"])
+    add_config_arguments(check)
+    add_config_arguments(commands.add_parser("inspect-data", help="shapes, labels and examples of the data"))
+    plotter = commands.add_parser("plot", help="loss and metric curves of runs, overlaid")
+    plotter.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    plotter.add_argument("-o", "--output", default="curves.png", metavar="FILE.png")
+    commands.add_parser("report", help="the summary of a run").add_argument("run_dir", metavar="RUN_DIR")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "plot":
+            print(f"wrote {plot(args.run_dirs, args.output)}")
+            return 0
+        if args.command == "report":
+            print(report(args.run_dir))
+            return 0
+        cfg = config_from_args(args)
+        if args.command == "train":
+            summary = train(cfg)
+            print(
+                f"best val loss {summary['best_val_loss']:.4f} at step {summary['best_step']}; "
+                f"checkpoint {summary['best_checkpoint']}"
+            )
+            return 0
+        if args.command == "check":
+            return run_checks(cfg, args.which)
+        print(summarize(load_splits(cfg)))
+        return 0
+    except (ConfigError, DataError, CheckpointError, RunDirError, ReportError, TrainingError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2 if isinstance(error, ConfigError | DataError) else 1
+    except KeyboardInterrupt:
+        print("interrupted: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""Data: feature vectors and class labels, and a held-out validation split.
+
+    python -m default inspect-data                  # the synthetic default
+    python -m default inspect-data --data features.csv
+
+Inputs: a .npz with arrays `x` (examples, features) and `y` (integer labels), or a .csv with a
+header row, numeric columns, and the integer label in the last column.
+"""
+
+import csv
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from .config import Config
+
+SPLIT_SEED = 20240601  # fixed, so every run (whatever its --seed) validates on the same examples
+
+
+class DataError(ValueError):
+    """Input data that cannot be used, naming the file and the offending line or field."""
+
+
+class FeatureDataset(Dataset):
+    """In-memory features and labels, indexed by a whole batch of indices at once."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x = x  # (N, F) float32
+        self.y = y  # (N,) targets
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[indices], self.y[indices]
+
+
+def split_indices(n: int, cfg: Config, source: str) -> tuple[np.ndarray, np.ndarray]:
+    """Train and validation indices: a fixed validation subset, and --max-train-examples of the rest."""
+    order = np.random.default_rng(SPLIT_SEED).permutation(n)
+    n_val = max(1, round(n * cfg.val_fraction))
+    val_idx, train_idx = order[:n_val], order[n_val:]
+    if cfg.max_train_examples:
+        train_idx = train_idx[: cfg.max_train_examples]
+    if len(train_idx) < cfg.batch_size:
+        raise DataError(
+            f"{source}: the training split has {len(train_idx)} examples, "
+            f"fewer than one batch of {cfg.batch_size}: lower --batch-size"
+        )
+    return train_idx, val_idx
+
+
+@dataclass
+class Splits:
+    train: "FeatureDataset"
+    val: "FeatureDataset"
+    n_features: int
+    n_classes: int
+    source: str
+
+    def describe(self) -> dict:
+        """What a resumed run must see again: it refuses to continue on different data."""
+        return {
+            "source": self.source,
+            "n_train": len(self.train),
+            "n_val": len(self.val),
+            "n_features": self.n_features,
+            "n_classes": self.n_classes,
+        }
+
+
+def load_splits(cfg: Config) -> Splits:
+    """Loads --data (or the synthetic default) and holds out the validation split."""
+    if cfg.data is None:
+        x, y = synthetic_data()
+        source = "synthetic"
+    else:
+        x, y = read_arrays(Path(cfg.data))
+        source = str(cfg.data)
+    train_idx, val_idx = split_indices(len(y), cfg, source)
+    x_t, y_t = torch.from_numpy(x), torch.from_numpy(y)
+    return Splits(
+        train=FeatureDataset(x_t[train_idx], y_t[train_idx]),
+        val=FeatureDataset(x_t[val_idx], y_t[val_idx]),
+        n_features=x.shape[1],
+        n_classes=int(y.max()) + 1,
+        source=source,
+    )
+
+
+def synthetic_data(n: int = 4096, n_features: int = 16, n_classes: int = 4):
+    """Labels from a fixed random two-layer teacher network: learnable, but not linearly."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((n, n_features)).astype(np.float32)
+    w1 = rng.standard_normal((n_features, 64)).astype(np.float32)
+    w2 = rng.standard_normal((64, n_classes)).astype(np.float32)
+    y = np.argmax(np.tanh(x @ w1) @ w2, axis=1).astype(np.int64)
+    return x, y
+
+
+def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Reads features (N, F) as float32 and targets (N,) from a .npz or .csv file."""
+    if not path.is_file():
+        raise DataError(f"{path}: no such file")
+    if path.suffix == ".npz":
+        x, y = _read_npz(path)
+    elif path.suffix == ".csv":
+        x, y = _read_csv(path)
+    else:
+        raise DataError(f"{path}: expected a .npz or .csv file")
+    if len(y) == 0:
+        raise DataError(f"{path}: no examples")
+    if not np.isfinite(x).all():
+        row = int(np.nonzero(~np.isfinite(x).all(axis=1))[0][0])
+        raise DataError(f"{path}: example {row} has a NaN or infinite feature")
+    return x.astype(np.float32), _targets(path, y)
+
+
+def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        arrays = np.load(path, allow_pickle=False)  # never unpickle data
+    except (OSError, ValueError) as error:
+        raise DataError(f"{path}: not a readable .npz file ({error})") from None
+    missing = [key for key in ("x", "y") if key not in arrays]
+    if missing:
+        raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {list(arrays)}")
+    x, y = arrays["x"], arrays["y"]
+    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
+        raise DataError(f"{path}: need x of shape (N, F) and y of shape (N,), got {x.shape} and {y.shape}")
+    if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
+        raise DataError(f"{path}: x and y must be numeric, got {x.dtype} and {y.dtype}")
+    return x, y
+
+
+def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    try:
+        with path.open(newline="", encoding="utf-8") as f:
+            rows = list(csv.reader(f))
+    except UnicodeDecodeError as error:
+        raise DataError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
+    if len(rows) < 2:
+        raise DataError(f"{path}: need a header row and at least one example")
+    header, values = rows[0], []
+    for line, row in enumerate(rows[1:], start=2):
+        if len(row) != len(header):
+            raise DataError(f"{path}:{line}: {len(row)} fields, the header has {len(header)}")
+        try:
+            values.append([float(cell) for cell in row])
+        except ValueError:
+            column, cell = next((h, c) for h, c in zip(header, row, strict=True) if not _is_number(c))
+            raise DataError(f"{path}:{line}: column {column!r} holds {cell!r}, not a number") from None
+    table = np.array(values)
+    return table[:, :-1], table[:, -1]
+
+
+def _is_number(cell: str) -> bool:
+    try:
+        float(cell)
+    except ValueError:
+        return False
+    return True
+
+
+def _targets(path: Path, y: np.ndarray) -> np.ndarray:
+    """Class labels: whole numbers from 0."""
+    bad = np.nonzero((y != np.round(y)) | (y < 0))[0]
+    if len(bad):
+        raise DataError(f"{path}: label of example {bad[0]} is {y[bad[0]]}; labels must be integers >= 0")
+    return y.astype(np.int64)
+
+
+def summarize(splits: Splits, n_samples: int = 5) -> str:
+    """A readable summary of the splits: shapes, dtypes, label counts and a few examples."""
+    lines = [f"source: {splits.source}"]
+    for name, ds in (("train", splits.train), ("val", splits.val)):
+        counts = torch.bincount(ds.y, minlength=splits.n_classes).tolist()
+        lines.append(
+            f"{name}: x {tuple(ds.x.shape)} {ds.x.dtype}, y {tuple(ds.y.shape)} {ds.y.dtype}, "
+            f"label counts {dict(enumerate(counts))}"
+        )
+    x = splits.train.x
+    lines.append(f"features: mean {x.mean():.4g}, std {x.std():.4g}, min {x.min():.4g}, max {x.max():.4g}")
+    for i in range(min(n_samples, len(splits.train))):
+        features = ", ".join(f"{v:.3g}" for v in splits.train.x[i, :8].tolist())
+        more = ", ..." if splits.n_features > 8 else ""
+        lines.append(f"  example {i}: label {int(splits.train.y[i])}  x [{features}{more}]")
+    return "\n".join(lines)

@@ -1,0 +1,71 @@
+"""The model, its loss and its validation metrics: an MLP that returns class logits."""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import Config
+from .data import Splits
+
+
+class MLP(nn.Module):
+    """Standardised features, then hidden layers of Linear, LayerNorm, GELU and dropout."""
+
+    def __init__(
+        self, n_features: int, n_outputs: int, hidden_dim: int, n_layers: int, dropout: float
+    ) -> None:
+        super().__init__()
+        # Feature standardisation lives in the model (and its checkpoints), set from the
+        # training split only, so inference needs nothing else.
+        self.register_buffer("x_mean", torch.zeros(n_features))
+        self.register_buffer("x_std", torch.ones(n_features))
+        layers: list[nn.Module] = []
+        width = n_features
+        for _ in range(n_layers):
+            layers += [nn.Linear(width, hidden_dim), nn.LayerNorm(hidden_dim), nn.GELU()]
+            layers.append(nn.Dropout(dropout))
+            width = hidden_dim
+        self.body = nn.Sequential(*layers)
+        self.head = nn.Linear(width, n_outputs)
+
+    @torch.no_grad()
+    def set_standardization(self, x: torch.Tensor) -> None:
+        self.x_mean.copy_(x.mean(dim=0))
+        self.x_std.copy_(x.std(dim=0).clamp_min(1e-6))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = (x - self.x_mean) / self.x_std  # (B, F)
+        return self.head(self.body(x))  # (B, n_outputs)
+
+
+def build_model(cfg: Config, splits: Splits) -> MLP:
+    model = MLP(splits.n_features, splits.n_classes, cfg.hidden_dim, cfg.n_layers, cfg.dropout)
+    model.set_standardization(splits.train.x)
+    return model
+
+
+def compute_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy in fp32, whatever precision the model ran in."""
+    return F.cross_entropy(logits.float(), y)  # logits (B, C), y (B,)
+
+
+def overfit_target(first_loss: float) -> float:
+    """The loss that `check overfit` must reach on one batch of 8 examples."""
+    return max(0.05, 0.02 * first_loss)
+
+
+class Metrics:
+    """Validation loss and accuracy, summed on the device; `compute()` is the only host sync."""
+
+    def __init__(self, splits: Splits, device: torch.device) -> None:
+        self.loss_sum = torch.zeros((), device=device)
+        self.correct = torch.zeros((), device=device, dtype=torch.long)
+        self.count = 0
+
+    def update(self, logits: torch.Tensor, y: torch.Tensor) -> None:
+        self.loss_sum += F.cross_entropy(logits.float(), y, reduction="sum")
+        self.correct += (logits.argmax(dim=-1) == y).sum()
+        self.count += len(y)
+
+    def compute(self) -> dict[str, float]:
+        return {"loss": self.loss_sum.item() / self.count, "accuracy": self.correct.item() / self.count}

@@ -1,0 +1,1 @@
+"""A training project made by scaffold; see: python -m everything --help"""

@@ -1,0 +1,132 @@
+"""Checkpoints that resume a run exactly, written so that a crash never corrupts one.
+
+Each checkpoint holds the model (unwrapped from torch.compile), optimizer, scheduler,
+gradient scaler,
+the training position, every RNG state, the config and the early-stopping state. It is written to a
+temporary file in the same folder, fsynced, then renamed over its final name, so a reader sees
+the old file or the new one, never half of one. Checkpoints hold only tensors and plain Python
+values: they load with `torch.load(weights_only=True)`, which never runs pickled code.
+"""
+
+import contextlib
+import os
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STEP_NAME = re.compile(r"step-(\d+)\.pt")
+REQUIRED_KEYS = {"model", "optimizer", "scheduler", "state", "rng", "config", "data"}
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint, or one that cannot be written; the message names the files."""
+
+
+def rng_state() -> dict:
+    numpy_state = np.random.get_state(legacy=False)
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+            "pos": numpy_state["state"]["pos"],
+            "has_gauss": numpy_state["has_gauss"],
+            "gauss": numpy_state["gauss"],
+        },
+        "torch": torch.get_rng_state(),
+        "mps": torch.mps.get_rng_state() if torch.backends.mps.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    numpy_state = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
+            "has_gauss": numpy_state["has_gauss"],
+            "gauss": numpy_state["gauss"],
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    if state["mps"] is not None:
+        torch.mps.set_rng_state(state["mps"])
+
+
+class CheckpointDir:
+    """`step-<n>.pt` every ckpt_every steps (the newest keep_last kept) and `best.pt`."""
+
+    def __init__(self, path: Path, keep_last: int) -> None:
+        self.path = path
+        self.keep_last = keep_last
+        self.path.mkdir(parents=True, exist_ok=True)
+        for stale in self.path.glob(".*.tmp"):  # left by a crash in the middle of a save
+            stale.unlink()
+
+    def step_files(self) -> list[Path]:
+        """Step checkpoints, oldest first."""
+        found = [(int(m.group(1)), p) for p in self.path.iterdir() if (m := STEP_NAME.fullmatch(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def save(self, payload: dict, step: int) -> Path:
+        target = self.path / f"step-{step:08d}.pt"
+        _atomic_save(payload, target)
+        for old in self.step_files()[: -self.keep_last]:  # only once the new one is safely written
+            try:
+                old.unlink()
+            except OSError as error:
+                raise CheckpointError(f"cannot delete old checkpoint {old}: {error.strerror}") from None
+        return target
+
+    def save_best(self, payload: dict) -> Path:
+        target = self.path / "best.pt"
+        _atomic_save(payload, target)
+        return target
+
+    def load_latest(self) -> tuple[Path, dict] | None:
+        """The newest readable step checkpoint; an unreadable newer one is reported and skipped."""
+        files = self.step_files()
+        if not files:
+            return None
+        problems = []
+        for path in reversed(files):
+            try:
+                return path, load(path)
+            except CheckpointError as error:
+                problems.append(str(error))
+                print(f"warning: {error}; trying the previous checkpoint")
+        raise CheckpointError(
+            f"no usable checkpoint in {self.path}: {'; '.join(problems)}. Move them aside to start afresh."
+        )
+
+
+def load(path: Path) -> dict:
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated, zero bytes, garbage: torch raises several types
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__})") from None
+    if not isinstance(payload, dict) or not payload.keys() >= REQUIRED_KEYS:
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
+    return payload
+
+
+def _atomic_save(payload: dict, target: Path) -> None:
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        directory = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # makes the rename itself durable
+        finally:
+            os.close(directory)
+    except OSError as error:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None

@@ -1,0 +1,93 @@
+"""Compare runs: curves of several runs in one figure, and a summary of one run:
+
+    python -m everything plot runs/first runs/second -o curves.png
+    python -m everything report runs/first
+
+Both read only the run folders' run.json and metrics.jsonl (and the latest check's summary).
+"""
+
+import json
+from pathlib import Path
+
+from .runlog import read_metrics
+
+
+class ReportError(RuntimeError):
+    """A run folder that cannot be reported on."""
+
+
+def plot(run_dirs: list[str], output: str) -> Path:
+    """Train and validation loss, and each validation metric, against step; one line per run."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError:
+        raise ReportError('plot needs matplotlib: pip install -e ".[plot]"') from None
+    runs = {run_dir: _metrics(Path(run_dir)) for run_dir in run_dirs}
+    names = {k for records in runs.values() for r in records if r["split"] == "val" for k in r}
+    extra = sorted(names - {"step", "split", "loss"})  # the task's validation metrics
+    fig, axes = plt.subplots(1, 1 + len(extra), figsize=(5 * (1 + len(extra)), 4), squeeze=False)
+    for i, (run_dir, records) in enumerate(runs.items()):
+        color = f"C{i}"  # one colour a run: train solid, validation dashed with markers
+        for split, style in (("train", "-"), ("val", "o--")):
+            points = [(r["step"], r["loss"]) for r in records if r["split"] == split]
+            if points:
+                label = f"{run_dir} {split}"
+                axes[0][0].plot(*zip(*points, strict=True), style, color=color, ms=3, label=label)
+        for ax, name in zip(axes[0][1:], extra, strict=True):
+            points = [(r["step"], r[name]) for r in records if r["split"] == "val" and name in r]
+            if points:
+                ax.plot(*zip(*points, strict=True), "o--", color=color, ms=3, label=run_dir)
+    for ax, name in zip(axes[0], ["loss", *(f"val {name}" for name in extra)], strict=True):
+        ax.set_xlabel("step")
+        ax.set_title(name)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(output, dpi=120)
+    return Path(output)
+
+
+def report(run_dir: str) -> str:
+    """The summary lines: what ran, whether its checks passed, how fast, and its best validation."""
+    run = Path(run_dir)
+    try:
+        record = json.loads((run / "run.json").read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise ReportError(f"{run}: no readable run.json ({error})") from None
+    val = [r for r in _metrics(run) if r["split"] == "val"]
+    commit = (record["git"]["commit"] or "none")[:12] + ("-dirty" if record["git"]["dirty"] else "")
+    lines = [
+        f"**Run:** {record['project']} commit {commit}, config {run / 'run.json'}, "
+        f"seed {record['seed']}, torch {record['versions']['torch']}"
+    ]
+    checks = run.parent / "check" / "summary.json"
+    if checks.exists():
+        summary = json.loads(checks.read_text())
+        lines.append(
+            f"**Sanity:** overfit-one-batch loss {summary['overfit_loss']:.4g}; "
+            f"resume check matched: {'yes' if summary['resume_matched'] else 'no'} ({checks})"
+        )
+        share = f"{summary['loader_share']:.1%}"
+    else:
+        lines.append(f"**Sanity:** not checked yet: python -m {__package__} check all")
+        share = "n/a"
+    finished = record.get("finished")
+    speed = f"{finished['examples_per_s']:,.0f} samples/s" if finished else "n/a (not finished)"
+    lines.append(f"**Throughput:** {speed}, GPU util n/a, data-loader time share {share}")
+    if val:
+        best = min(val, key=lambda r: r["loss"])
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in best.items() if k not in ("step", "split"))
+        best_checkpoint = run / "checkpoints" / "best.pt"
+        lines.append(f"**Results:** best val {shown} at step {best['step']}; checkpoint {best_checkpoint}")
+    else:
+        lines.append("**Results:** no validation yet")
+    return "\n".join(lines)
+
+
+def _metrics(run: Path) -> list[dict]:
+    try:
+        return read_metrics(run)
+    except (OSError, json.JSONDecodeError) as error:
+        raise ReportError(f"{run}: no readable metrics.jsonl ({error})") from None
