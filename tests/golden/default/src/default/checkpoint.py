@@ -84,7 +84,7 @@ class CheckpointDir:
 
     def load_latest(self) -> tuple[Path, dict] | None:
         """The newest readable step checkpoint; an unreadable newer one is reported and skipped."""
-        files = self.step_files()
+        files = self.step_files() if self.path.is_dir() else []
         if not files:
             return None
         problems = []

@@ -173,17 +173,18 @@ def check_loader(cfg: Config) -> CheckResult:
 
 def run_checks(cfg: Config, which: str) -> int:
     """Runs one check or all of them; prints their lines (and the summary for `all`); exit code."""
+    say = print
     work = Path(cfg.run_dir).parent / "check"
     results = []
     if which in ("overfit", "all"):
         results.append(check_overfit(cfg))
-        print(results[-1].line(), flush=True)
+        say(results[-1].line())
     if which in ("loader", "all"):  # before resume, which pins one thread for exactness
         results.append(check_loader(cfg))
-        print(results[-1].line(), flush=True)
+        say(results[-1].line())
     if which in ("resume", "all"):
         results.append(check_resume(cfg, work / "resume"))
-        print(results[-1].line(), flush=True)
+        say(results[-1].line())
     if which == "all":
         by_name = {r.name: r for r in results}
         summary = {
@@ -196,15 +197,15 @@ def run_checks(cfg: Config, which: str) -> int:
         (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")  # for `report`
         git = git_state()
         commit = (git["commit"] or "none")[:12] + ("-dirty" if git["dirty"] else "")
-        print(
+        say(
             f"**Run:** {PROJECT} commit {commit}, config {work / 'resume' / 'uninterrupted' / 'run.json'}, "
             f"seed {cfg.seed}, torch {torch.__version__}"
         )
-        print(
+        say(
             f"**Sanity:** overfit-one-batch loss {by_name['overfit'].value:.4g}; "
             f"resume check matched: {'yes' if by_name['resume'].passed else 'no'}"
         )
-        print(
+        say(
             f"**Throughput:** {by_name['loader'].samples_per_s:,.0f} samples/s, "
             "GPU util n/a, "
             f"data-loader time share {by_name['loader'].value:.1%}"

@@ -55,17 +55,18 @@ def overfit_target(first_loss: float) -> float:
 
 
 class Metrics:
-    """Validation loss and accuracy, summed on the device; `compute()` is the only host sync."""
+    """Validation loss and accuracy: `sums` and `count` add up on the device (and over ranks);
+    `compute()` is the only host sync."""
 
     def __init__(self, splits: Splits, device: torch.device) -> None:
-        self.loss_sum = torch.zeros((), device=device)
-        self.correct = torch.zeros((), device=device, dtype=torch.long)
-        self.count = 0
+        self.sums = torch.zeros(2, device=device)  # cross-entropy, correct predictions
+        self.count = torch.zeros((), device=device, dtype=torch.long)
 
     def update(self, logits: torch.Tensor, y: torch.Tensor) -> None:
-        self.loss_sum += F.cross_entropy(logits.float(), y, reduction="sum")
-        self.correct += (logits.argmax(dim=-1) == y).sum()
+        loss = F.cross_entropy(logits.float(), y, reduction="sum")
+        self.sums += torch.stack([loss, (logits.argmax(dim=-1) == y).sum().float()])
         self.count += len(y)
 
     def compute(self) -> dict[str, float]:
-        return {"loss": self.loss_sum.item() / self.count, "accuracy": self.correct.item() / self.count}
+        (loss, correct), count = self.sums.tolist(), self.count.item()
+        return {"loss": loss / count, "accuracy": correct / count}

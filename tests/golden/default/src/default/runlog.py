@@ -93,7 +93,10 @@ class RunLog:
 
     def checkpointed(self, step: int) -> None:
         """Everything up to `step` is in a checkpoint: make its records durable too."""
-        os.fsync(self._metrics.fileno())
+        try:
+            os.fsync(self._metrics.fileno())
+        except OSError as error:
+            raise RunDirError(f"cannot write {self.metrics_path}: {error.strerror}") from None
 
     def finish(self, summary: dict) -> None:
         """Records where this session of the run ended, and how fast it went."""

@@ -184,7 +184,8 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         }
 
     model.train()
-    progress = Progress(cfg, state.step, quiet)
+    examples_per_step = cfg.grad_accum_steps * cfg.batch_size
+    progress = Progress(cfg.max_steps, state.step, examples_per_step, quiet)
     started, first_step, stop = time.perf_counter(), state.step, False
     try:
         while state.step < cfg.max_steps and not stop:
@@ -226,7 +227,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         progress.close()
         run.close()
     seconds = time.perf_counter() - started
-    examples = (state.step - first_step) * cfg.grad_accum_steps * cfg.batch_size
+    examples = (state.step - first_step) * examples_per_step
     summary = {
         "step": state.step,
         "best_val_loss": state.best_val_loss,
@@ -242,12 +243,13 @@ def train(cfg: Config, quiet: bool = False) -> dict:
 class Progress:
     """A progress bar with loss, throughput and ETA on a terminal; plain lines when logged to a file."""
 
-    def __init__(self, cfg: Config, step: int, quiet: bool) -> None:
-        self.cfg = cfg
+    def __init__(self, max_steps: int, step: int, examples_per_step: int, quiet: bool) -> None:
+        self.max_steps = max_steps
+        self.examples_per_step = examples_per_step
         self.quiet = quiet
         on_terminal = not quiet and sys.stderr.isatty()
         self.bar = tqdm(
-            total=cfg.max_steps, initial=step, unit="step", dynamic_ncols=True, disable=not on_terminal
+            total=max_steps, initial=step, unit="step", dynamic_ncols=True, disable=not on_terminal
         )
         self.clock, self.clock_step = time.perf_counter(), step
 
@@ -256,13 +258,13 @@ class Progress:
 
     def log(self, step: int, loss: float, lr: float, grad_norm: float) -> None:
         now = time.perf_counter()
-        rate = (step - self.clock_step) * self.cfg.grad_accum_steps * self.cfg.batch_size / (now - self.clock)
+        rate = (step - self.clock_step) * self.examples_per_step / (now - self.clock)
         self.clock, self.clock_step = now, step
         if not self.bar.disable:
             self.bar.set_postfix_str(f"loss {loss:.4f}  lr {lr:.2e}  {rate:,.0f} examples/s")
         elif not self.quiet:
             print(
-                f"step {step}/{self.cfg.max_steps}  loss {loss:.4f}  lr {lr:.2e}"
+                f"step {step}/{self.max_steps}  loss {loss:.4f}  lr {lr:.2e}"
                 f"  grad_norm {grad_norm:.3f}  {rate:,.0f} examples/s",
                 flush=True,
             )

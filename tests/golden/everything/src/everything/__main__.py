@@ -16,6 +16,7 @@ from .checkpoint import CheckpointError
 from .checks import run_checks
 from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
+from .distributed import shutdown
 from .report import ReportError, plot, report
 from .runlog import RunDirError
 from .train import TrainingError, train
@@ -59,6 +60,8 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)
         return 130
+    finally:
+        shutdown()
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ def rng_state() -> dict:
             "gauss": numpy_state["gauss"],
         },
         "torch": torch.get_rng_state(),
-        "mps": torch.mps.get_rng_state() if torch.backends.mps.is_available() else None,
+        "cuda": torch.cuda.get_rng_state_all(),  # empty when run with --device cpu
     }
 
 
@@ -52,19 +52,21 @@ def set_rng_state(state: dict) -> None:
         }
     )
     torch.set_rng_state(state["torch"])
-    if state["mps"] is not None:
-        torch.mps.set_rng_state(state["mps"])
+    torch.cuda.set_rng_state_all(state["cuda"])
 
 
 class CheckpointDir:
     """`step-<n>.pt` every ckpt_every steps (the newest keep_last kept) and `best.pt`."""
 
-    def __init__(self, path: Path, keep_last: int) -> None:
+    def __init__(self, path: Path, keep_last: int, write: bool = True) -> None:
+        """`write=False` (ranks other than 0): reads checkpoints, and saving does nothing."""
         self.path = path
         self.keep_last = keep_last
-        self.path.mkdir(parents=True, exist_ok=True)
-        for stale in self.path.glob(".*.tmp"):  # left by a crash in the middle of a save
-            stale.unlink()
+        self.write = write
+        if write:
+            self.path.mkdir(parents=True, exist_ok=True)
+            for stale in self.path.glob(".*.tmp"):  # left by a crash in the middle of a save
+                stale.unlink()
 
     def step_files(self) -> list[Path]:
         """Step checkpoints, oldest first."""
@@ -72,6 +74,8 @@ class CheckpointDir:
         return [p for _, p in sorted(found)]
 
     def save(self, payload: dict, step: int) -> Path:
+        if not self.write:
+            return self.path / f"step-{step:08d}.pt"
         target = self.path / f"step-{step:08d}.pt"
         _atomic_save(payload, target)
         for old in self.step_files()[: -self.keep_last]:  # only once the new one is safely written
@@ -82,13 +86,15 @@ class CheckpointDir:
         return target
 
     def save_best(self, payload: dict) -> Path:
+        if not self.write:
+            return self.path / "best.pt"
         target = self.path / "best.pt"
         _atomic_save(payload, target)
         return target
 
     def load_latest(self) -> tuple[Path, dict] | None:
         """The newest readable step checkpoint; an unreadable newer one is reported and skipped."""
-        files = self.step_files()
+        files = self.step_files() if self.path.is_dir() else []
         if not files:
             return None
         problems = []

@@ -16,6 +16,9 @@ import math
 import os
 import random
 import shutil
+import socket
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -26,10 +29,11 @@ import torch
 from .checkpoint import load
 from .config import Config
 from .data import load_splits
+from .distributed import all_reduce_sum, barrier, init_distributed
 from .loader import build_loaders
 from .model import build_model, compute_loss, overfit_target
 from .runlog import PROJECT, git_state, read_metrics
-from .train import TrainState, build_optimizer, micro_batches, setup, train, train_step
+from .train import TrainState, build_optimizer, micro_batches, setup, train, train_step, wrap
 
 OVERFIT_EXAMPLES = 8
 OVERFIT_MAX_STEPS = 300
@@ -71,12 +75,13 @@ def check_overfit(cfg: Config) -> CheckResult:
     if no_grad:
         return CheckResult("overfit", False, f"no finite gradient reaches {', '.join(no_grad)}")
 
-    forward = torch.compile(model) if cfg.compile else model
+    forward = wrap(model, cfg, device)
     batches = itertools.repeat((x, y))
     first = target = None
     for step in range(1, OVERFIT_MAX_STEPS + 1):
         loss, _ = train_step(forward, batches, optimizer, cfg, device, scaler)
-        loss = loss.item()
+        # Ranks draw different dropout masks: they stop on their mean loss, all at the same step.
+        loss = (all_reduce_sum(loss) / init_distributed(device.type).world_size).item()
         if not math.isfinite(loss):
             return CheckResult("overfit", False, f"loss became {loss} at step {step}: lower --lr", loss)
         if first is None:
@@ -109,18 +114,25 @@ def check_resume(cfg: Config, work: Path) -> CheckResult:
         num_workers=max(1, cfg.num_workers),
         deterministic=True,
     )
-    shutil.rmtree(work, ignore_errors=True)
+    is_main = init_distributed(torch.device(cfg.device).type).is_main
+    if is_main:
+        shutil.rmtree(work, ignore_errors=True)
+    barrier()
     first, second = work / "uninterrupted", work / "resumed"
     train(replace(base, run_dir=str(first)), quiet=True)
 
     # The run as a crash right after step N's checkpoint would leave it: the records past step N
     # are in metrics.jsonl (they must be dropped on resume), the later checkpoints are not.
-    shutil.copytree(first, second)
-    for path in (second / "checkpoints").iterdir():
-        if path.name != f"step-{n:08d}.pt":
-            path.unlink()
+    barrier()  # rank 0 has written everything
+    if is_main:
+        shutil.copytree(first, second)
+        for path in (second / "checkpoints").iterdir():
+            if path.name != f"step-{n:08d}.pt":
+                path.unlink()
+    barrier()
     _scramble_global_rngs()
     train(replace(base, run_dir=str(second)), quiet=True)
+    barrier()
 
     expected = [r["loss"] for r in read_metrics(first) if r["split"] == "train"]
     got = [r["loss"] for r in read_metrics(second) if r["split"] == "train"]
@@ -141,7 +153,8 @@ def check_loader(cfg: Config) -> CheckResult:
     """Times the loader alone, a training step alone, and both together."""
     device = setup(cfg)
     splits = load_splits(cfg)
-    loader, _, sampler = build_loaders(splits, cfg, device)
+    rank = init_distributed(device.type)
+    loader, _, sampler = build_loaders(splits, cfg, device, rank.rank, rank.world_size)
     batches = micro_batches(loader, sampler, TrainState())
     for _ in range(10):  # start the workers and fill their queues
         next(batches)
@@ -150,8 +163,8 @@ def check_loader(cfg: Config) -> CheckResult:
     model = build_model(cfg, splits).to(device)
     optimizer = build_optimizer(model, cfg)
     scaler = torch.amp.GradScaler(device.type)
-    forward = torch.compile(model) if cfg.compile else model
-    step = functools.partial(train_step, forward, optimizer=optimizer, cfg=cfg, device=device, scaler=scaler)
+    model = wrap(model, cfg, device)
+    step = functools.partial(train_step, model, optimizer=optimizer, cfg=cfg, device=device, scaler=scaler)
     on_device = [tuple(t.to(device) for t in next(batches)) for _ in range(cfg.grad_accum_steps)]
     fixed = itertools.cycle(on_device)
     _time_steps(step, fixed, device, 3)  # warm-up (and compilation)
@@ -177,17 +190,37 @@ def check_loader(cfg: Config) -> CheckResult:
 
 def run_checks(cfg: Config, which: str) -> int:
     """Runs one check or all of them; prints their lines (and the summary for `all`); exit code."""
+    if "RANK" not in os.environ:  # checks run under 2 processes, so resume covers per-rank state
+        return _under_torchrun(processes=2)
+    return _run(cfg, which, main=init_distributed(torch.device(cfg.device).type).is_main)
+
+
+def _under_torchrun(processes: int) -> int:
+    """Runs this very command again under torchrun, with a c10d rendezvous on this machine."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(processes),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", __package__, *sys.argv[1:],
+    ]  # fmt: skip
+    return subprocess.run(command).returncode
+
+
+def _run(cfg: Config, which: str, main: bool) -> int:
+    """Every rank runs the checks; rank 0 reports, and its exit status fails torchrun if one failed."""
+    say = print if main else lambda line: None
     work = Path(cfg.run_dir).parent / "check"
     results = []
     if which in ("overfit", "all"):
         results.append(check_overfit(cfg))
-        print(results[-1].line(), flush=True)
+        say(results[-1].line())
     if which in ("loader", "all"):  # before resume, which pins one thread for exactness
         results.append(check_loader(cfg))
-        print(results[-1].line(), flush=True)
+        say(results[-1].line())
     if which in ("resume", "all"):
         results.append(check_resume(cfg, work / "resume"))
-        print(results[-1].line(), flush=True)
+        say(results[-1].line())
     if which == "all":
         by_name = {r.name: r for r in results}
         summary = {
@@ -197,20 +230,21 @@ def run_checks(cfg: Config, which: str) -> int:
             "samples_per_s": by_name["loader"].samples_per_s,
             "passed": all(r.passed for r in results),
         }
-        (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")  # for `report`
+        if main:
+            (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")  # for `report`
         git = git_state()
         commit = (git["commit"] or "none")[:12] + ("-dirty" if git["dirty"] else "")
-        print(
+        say(
             f"**Run:** {PROJECT} commit {commit}, config {work / 'resume' / 'uninterrupted' / 'run.json'}, "
             f"seed {cfg.seed}, torch {torch.__version__}"
         )
-        print(
+        say(
             f"**Sanity:** overfit-one-batch loss {by_name['overfit'].value:.4g}; "
             f"resume check matched: {'yes' if by_name['resume'].passed else 'no'}"
         )
-        print(
+        say(
             f"**Throughput:** {by_name['loader'].samples_per_s:,.0f} samples/s, "
-            "GPU util n/a, "
+            f"GPU util {_gpu_utilization(torch.device(cfg.device))}, "
             f"data-loader time share {by_name['loader'].value:.1%}"
         )
     return 0 if all(r.passed for r in results) else 1
@@ -256,6 +290,15 @@ def _synchronize(device: torch.device) -> None:
     """Waits for queued device work, so that timings measure it (the CPU runs ops in order)."""
     if device.type != "cpu":
         torch.accelerator.synchronize(device)
+
+
+def _gpu_utilization(device: torch.device) -> str:
+    if device.type != "cuda":
+        return "n/a"
+    try:
+        return f"{torch.cuda.utilization(device)}%"
+    except (ModuleNotFoundError, RuntimeError):  # needs the nvidia-ml-py package
+        return "n/a"
 
 
 def _scramble_global_rngs() -> None:

@@ -16,12 +16,16 @@ class EpochBatches(Sampler[torch.Tensor]):
     """Training batches of a shuffled epoch, dropping the last partial one.
 
     `set_epoch(epoch, start)` skips the first `start` batches: those a resumed run trained on.
+    Each rank takes its slice of every global batch of world_size x batch_size examples, so N
+    processes with batch B see exactly the examples one process with batch N x B would.
     """
 
-    def __init__(self, n_examples: int, batch_size: int, seed: int) -> None:
+    def __init__(self, n_examples: int, batch_size: int, seed: int, rank: int, world_size: int) -> None:
         self.n_examples = n_examples
         self.batch_size = batch_size
         self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
         self.epoch = 0
         self.start = 0
 
@@ -30,7 +34,7 @@ class EpochBatches(Sampler[torch.Tensor]):
         self.start = start
 
     def batches_per_epoch(self) -> int:
-        return self.n_examples // self.batch_size
+        return self.n_examples // (self.batch_size * self.world_size)
 
     def __len__(self) -> int:
         return self.batches_per_epoch() - self.start
@@ -38,7 +42,8 @@ class EpochBatches(Sampler[torch.Tensor]):
     def __iter__(self):
         order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n_examples)
         for b in range(self.start, self.batches_per_epoch()):
-            yield torch.from_numpy(order[b * self.batch_size : (b + 1) * self.batch_size])
+            first = (b * self.world_size + self.rank) * self.batch_size
+            yield torch.from_numpy(order[first : first + self.batch_size])
 
 
 def seed_worker(worker_id: int) -> None:
@@ -48,10 +53,13 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-def build_loaders(splits: Splits, cfg: Config, device: torch.device):
-    """The training loader (resumable order, drop_last) and the validation loader (in order)."""
-    batches = EpochBatches(len(splits.train), cfg.batch_size, cfg.seed)
-    val_batches = torch.arange(len(splits.val)).split(cfg.batch_size)  # in order, every example once
+def build_loaders(splits: Splits, cfg: Config, device: torch.device, rank: int, world_size: int):
+    """The training loader (resumable order, drop_last) and the validation loader (in order).
+
+    Validation batches are dealt out to the ranks in turn: together they cover every example once.
+    """
+    batches = EpochBatches(len(splits.train), cfg.batch_size, cfg.seed, rank, world_size)
+    val_batches = torch.arange(len(splits.val)).split(cfg.batch_size)[rank::world_size]
     common = {
         "batch_size": None,  # the samplers yield whole batches of indices (a tensor indexes fastest)
         "num_workers": cfg.num_workers,

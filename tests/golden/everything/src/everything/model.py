@@ -6,8 +6,9 @@ What the rest of the project needs from this file:
 - `build_model(cfg, splits) -> nn.Module`, whose output for a batch of inputs goes to the loss;
 - `compute_loss(output, targets)`: a scalar to minimise, computed in fp32;
 - `overfit_target(first_loss)`: the loss `check overfit` must reach on one batch of 8 examples;
-- `Metrics`: accumulates validation results on the device; `compute()` returns a dict with
-  "loss" (used for early stopping and best.pt) and any other figures you want logged.
+- `Metrics`: adds validation results up on the device in two tensors, `sums` and `count`
+  (summed over processes when training is distributed); `compute()` returns a dict with "loss"
+  (used for early stopping and best.pt) and any other figures you want logged.
 """
 
 import torch
@@ -47,7 +48,7 @@ def overfit_target(first_loss: float) -> float:
 class Metrics:
     def __init__(self, splits: Splits, device: torch.device) -> None:
         self.sums = torch.zeros(2, device=device)  # squared error, absolute error
-        self.count = 0
+        self.count = torch.zeros((), device=device, dtype=torch.long)
 
     def update(self, output: torch.Tensor, targets: torch.Tensor) -> None:
         error = output.float() - targets
@@ -55,5 +56,5 @@ class Metrics:
         self.count += len(targets)
 
     def compute(self) -> dict[str, float]:
-        squared, absolute = self.sums.tolist()
-        return {"loss": squared / self.count, "mae": absolute / self.count}
+        (squared, absolute), count = self.sums.tolist(), self.count.item()
+        return {"loss": squared / count, "mae": absolute / count}

@@ -100,7 +100,10 @@ class RunLog:
 
     def checkpointed(self, step: int) -> None:
         """Everything up to `step` is in a checkpoint: make its records durable too."""
-        os.fsync(self._metrics.fileno())
+        try:
+            os.fsync(self._metrics.fileno())
+        except OSError as error:
+            raise RunDirError(f"cannot write {self.metrics_path}: {error.strerror}") from None
         self.tracker.checkpointed(step)
 
     def tracker_state(self) -> dict:
@@ -122,6 +125,31 @@ class RunLog:
 
     def _open_metrics(self) -> None:
         self._metrics = self.metrics_path.open("a", encoding="utf-8")
+
+
+class SilentRunLog:
+    """The run log of ranks other than 0: rank 0 alone writes run.json, metrics and trackers."""
+
+    def start(self, *args) -> None:
+        pass
+
+    def resume(self, *args) -> None:
+        pass
+
+    def log(self, **record) -> None:
+        pass
+
+    def checkpointed(self, step: int) -> None:
+        pass
+
+    def finish(self, summary: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def tracker_state(self) -> dict:
+        return {}
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -150,6 +178,8 @@ def library_versions() -> dict:
         "python": platform.python_version(),
         "torch": torch.__version__,
         "numpy": np.__version__,
+        "cuda": torch.version.cuda,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "platform": platform.platform(),
     }
 

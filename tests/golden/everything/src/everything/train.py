@@ -2,13 +2,17 @@
 
     python -m everything train  # synthetic data, into runs/default
     python -m everything train --data features.csv --run-dir runs/exp1
-    python -m everything train --device cpu --max-steps 50  # debug without mps
+    python -m everything train --device cpu --max-steps 50  # debug without cuda
+    torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29500 \
+        -m everything train  # or scripts/train_single_node.sh
 
 Run it again with the same --run-dir to resume from the newest valid checkpoint: the run continues
 exactly as if it had never stopped.
 """
 
+import contextlib
 import math
+import os
 import random
 import sys
 import time
@@ -22,9 +26,10 @@ from tqdm import tqdm
 from .checkpoint import CheckpointDir, rng_state, set_rng_state
 from .config import RESUME_FIXED, Config, ConfigError
 from .data import Splits, load_splits
+from .distributed import all_gather, all_reduce_sum, init_distributed
 from .loader import build_loaders
 from .model import Metrics, build_model, compute_loss
-from .runlog import RunLog
+from .runlog import RunLog, SilentRunLog
 
 PRECISION = "fp16"
 AMP_DTYPE = torch.float16  # autocast dtype; losses stay in fp32
@@ -49,12 +54,16 @@ def setup(cfg: Config) -> torch.device:
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available[device.type]:
         raise ConfigError(f"--device {cfg.device} is not available here: --device cpu runs anywhere")
+    torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
     if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
         torch.use_deterministic_algorithms(True)
         torch.set_num_threads(1)  # CPU reductions then add in one fixed order
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
+    # Each rank draws its own dropout masks; the model starts from rank 0's weights (DDP copies them).
+    seed = cfg.seed + init_distributed(device.type).rank
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
     return device
 
 
@@ -66,6 +75,17 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.AdamW:
         {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
     ]
     return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)  # fused kernels: cpu, cuda and mps
+
+
+def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
+    """What the loop calls: the model under DistributedDataParallel, compiled with --compile."""
+    # No buffer sync in forward: the buffers never change, and a broadcast in every forward would
+    # make ranks that evaluate different numbers of batches wait for each other.
+    device_ids = [torch.cuda.current_device()] if device.type == "cuda" else None  # set from LOCAL_RANK
+    model = torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=device_ids, forward_sync_buffers=False
+    )
+    return torch.compile(model) if cfg.compile else model
 
 
 def lr_factor(cfg: Config):
@@ -88,13 +108,16 @@ def train_step(model, batches, optimizer, cfg: Config, device: torch.device, sca
     device, so the loop does that only on logging steps.
     """
     loss_sum = torch.zeros((), device=device)
-    for _ in range(cfg.grad_accum_steps):
+    for i in range(cfg.grad_accum_steps):
         x, y = next(batches)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=AMP_DTYPE):
-            output = model(x)
-        loss = compute_loss(output, y)
-        scaler.scale(loss / cfg.grad_accum_steps).backward()
+        # DDP averages gradients over the ranks once, on the last micro-batch of the step.
+        last = i == cfg.grad_accum_steps - 1
+        with contextlib.nullcontext() if last else model.no_sync():
+            with torch.autocast(device.type, dtype=AMP_DTYPE):
+                output = model(x)
+            loss = compute_loss(output, y)
+            scaler.scale(loss / cfg.grad_accum_steps).backward()
         loss_sum += loss.detach()
     params = [p for group in optimizer.param_groups for p in group["params"]]
     scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
@@ -116,6 +139,8 @@ def evaluate(model, loader, splits: Splits, device: torch.device) -> dict[str, f
             output = model(x)
         metrics.update(output, y)
     model.train()
+    all_reduce_sum(metrics.sums)  # each rank evaluated its share of the batches
+    all_reduce_sum(metrics.count)
     return metrics.compute()
 
 
@@ -130,7 +155,12 @@ def micro_batches(loader, sampler, state: TrainState):
         state.batch_in_epoch = 0
 
 
-def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
+def check_resumable(checkpoint: dict, cfg: Config, splits: Splits, world_size: int) -> None:
+    if len(checkpoint["rng"]) != world_size:
+        raise ConfigError(
+            f"{cfg.run_dir} was trained by {len(checkpoint['rng'])} processes: resume it with as many "
+            f"(--nproc-per-node x --nnodes), not {world_size}"
+        )
     saved = checkpoint["config"]
     changed = [
         f"{k} {saved.get(k)!r} -> {getattr(cfg, k)!r}"
@@ -152,21 +182,23 @@ def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
 def train(cfg: Config, quiet: bool = False) -> dict:
     """Trains (or resumes) the run in cfg.run_dir; returns where it ended and its best validation."""
     device = setup(cfg)
+    rank = init_distributed(device.type)
+    quiet = quiet or not rank.is_main  # one rank speaks for all
     splits = load_splits(cfg)
     model = build_model(cfg, splits).to(device)
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
     scaler = torch.amp.GradScaler(device.type)
     state = TrainState()
-    run = RunLog(Path(cfg.run_dir))
+    run = RunLog(Path(cfg.run_dir)) if rank.is_main else SilentRunLog()  # rank 0 alone writes
     say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
-    checkpoints = CheckpointDir(run.dir / "checkpoints", cfg.keep_last)
+    checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, write=rank.is_main)
     latest = checkpoints.load_latest()
     if latest is None:
         run.start(cfg, splits.describe(), PRECISION)
     else:
         path, checkpoint = latest
-        check_resumable(checkpoint, cfg, splits)
+        check_resumable(checkpoint, cfg, splits, rank.world_size)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
@@ -177,11 +209,12 @@ def train(cfg: Config, quiet: bool = False) -> dict:
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     say(f"model: {n_params:,} trainable parameters; device {device}, precision {PRECISION}")
     say(f"data: {splits.source}, {len(splits.train):,} train / {len(splits.val):,} val examples")
-    train_loader, val_loader, sampler = build_loaders(splits, cfg, device)
+    say(f"ranks: {rank.world_size}, {cfg.batch_size} examples each a micro-batch")
+    train_loader, val_loader, sampler = build_loaders(splits, cfg, device, rank.rank, rank.world_size)
     batches = micro_batches(train_loader, sampler, state)
-    forward = torch.compile(model) if cfg.compile else model
+    forward = wrap(model, cfg, device)
     if latest is not None:
-        set_rng_state(checkpoint["rng"])  # last: nothing above may consume the restored streams
+        set_rng_state(checkpoint["rng"][rank.rank])  # last: nothing above may consume these streams
 
     def payload() -> dict:
         return {
@@ -190,14 +223,15 @@ def train(cfg: Config, quiet: bool = False) -> dict:
             "scheduler": scheduler.state_dict(),
             "scaler": scaler.state_dict(),
             "state": asdict(state),
-            "rng": rng_state(),
+            "rng": all_gather(rng_state()),  # every rank's streams, restored rank by rank
             "config": asdict(cfg),
             "data": splits.describe(),
             "tracker": run.tracker_state(),  # resumes the same tracker run
         }
 
     model.train()
-    progress = Progress(cfg, state.step, quiet)
+    examples_per_step = cfg.grad_accum_steps * cfg.batch_size * rank.world_size
+    progress = Progress(cfg.max_steps, state.step, examples_per_step, quiet)
     started, first_step, stop = time.perf_counter(), state.step, False
     try:
         while state.step < cfg.max_steps and not stop:
@@ -209,6 +243,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
             last = state.step == cfg.max_steps
             save = state.step % cfg.ckpt_every == 0 or last
             if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
+                loss = all_reduce_sum(loss) / rank.world_size  # the mean over every rank's examples
                 loss, grad_norm = loss.item(), grad_norm.item()
                 if not math.isfinite(loss):  # before any checkpoint could hold the damage
                     raise TrainingError(
@@ -218,7 +253,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
                 run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
                 progress.log(state.step, loss, lr, grad_norm)
             if state.step % cfg.eval_every == 0 or last:
-                metrics = evaluate(forward, val_loader, splits, device)
+                metrics = evaluate(model, val_loader, splits, device)
                 run.log(step=state.step, split="val", **metrics)
                 improved = metrics["loss"] < state.best_val_loss
                 if improved:
@@ -239,7 +274,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         progress.close()
         run.close()
     seconds = time.perf_counter() - started
-    examples = (state.step - first_step) * cfg.grad_accum_steps * cfg.batch_size
+    examples = (state.step - first_step) * examples_per_step
     summary = {
         "step": state.step,
         "best_val_loss": state.best_val_loss,
@@ -255,12 +290,13 @@ def train(cfg: Config, quiet: bool = False) -> dict:
 class Progress:
     """A progress bar with loss, throughput and ETA on a terminal; plain lines when logged to a file."""
 
-    def __init__(self, cfg: Config, step: int, quiet: bool) -> None:
-        self.cfg = cfg
+    def __init__(self, max_steps: int, step: int, examples_per_step: int, quiet: bool) -> None:
+        self.max_steps = max_steps
+        self.examples_per_step = examples_per_step
         self.quiet = quiet
         on_terminal = not quiet and sys.stderr.isatty()
         self.bar = tqdm(
-            total=cfg.max_steps, initial=step, unit="step", dynamic_ncols=True, disable=not on_terminal
+            total=max_steps, initial=step, unit="step", dynamic_ncols=True, disable=not on_terminal
         )
         self.clock, self.clock_step = time.perf_counter(), step
 
@@ -269,13 +305,13 @@ class Progress:
 
     def log(self, step: int, loss: float, lr: float, grad_norm: float) -> None:
         now = time.perf_counter()
-        rate = (step - self.clock_step) * self.cfg.grad_accum_steps * self.cfg.batch_size / (now - self.clock)
+        rate = (step - self.clock_step) * self.examples_per_step / (now - self.clock)
         self.clock, self.clock_step = now, step
         if not self.bar.disable:
             self.bar.set_postfix_str(f"loss {loss:.4f}  lr {lr:.2e}  {rate:,.0f} examples/s")
         elif not self.quiet:
             print(
-                f"step {step}/{self.cfg.max_steps}  loss {loss:.4f}  lr {lr:.2e}"
+                f"step {step}/{self.max_steps}  loss {loss:.4f}  lr {lr:.2e}"
                 f"  grad_norm {grad_norm:.3f}  {rate:,.0f} examples/s",
                 flush=True,
             )

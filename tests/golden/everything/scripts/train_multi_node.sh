@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Trains on several machines. Run it on every node with the same MASTER_ADDR (an address of the
+# first node that the others reach) and NNODES, and each node's own NODE_RANK:
+#
+#   MASTER_ADDR=10.0.0.1 NNODES=2 NODE_RANK=0 scripts/train_multi_node.sh --run-dir /shared/runs/a
+#   MASTER_ADDR=10.0.0.1 NNODES=2 NODE_RANK=1 scripts/train_multi_node.sh --run-dir /shared/runs/a
+#
+# --run-dir must be on storage every node sees: rank 0 writes the checkpoints, every rank reads
+# them when the group restarts after a failure (up to 3 times) and resumes from the newest one.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+nproc="${NPROC_PER_NODE:-$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')}"
+exec torchrun --nnodes "${NNODES:?set NNODES}" --node-rank "${NODE_RANK:?set NODE_RANK}" \
+    --nproc-per-node "$nproc" --rdzv-id "${RDZV_ID:-everything}" \
+    --rdzv-backend c10d --rdzv-endpoint "${MASTER_ADDR:?set MASTER_ADDR}:${MASTER_PORT:-29500}" \
+    --max-restarts 3 -m everything train "$@"

@@ -1,0 +1,66 @@
+"""Distributed data parallel: one process per GPU, started by torchrun.
+
+    torchrun --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29500 \\
+        --max-restarts 3 -m everything train
+    python -m everything train  # one plain process: a group of one
+
+The scripts/ folder has the single-node, multi-node and SLURM launchers. Each rank trains on its
+own slice of every global batch; gradients are averaged by DDP; rank 0 alone writes run.json,
+metrics.jsonl and checkpoints.
+"""
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int
+    world_size: int
+    local_rank: int
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def init_distributed(device_type: str) -> Dist:
+    """Joins the torchrun process group, or makes a group of one for a plain process."""
+    if dist.is_initialized():  # a check runs train() more than once in a process
+        return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    if "RANK" in os.environ:  # started by torchrun
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        local_rank = int(os.environ["LOCAL_RANK"])
+        if device_type == "cuda":
+            torch.cuda.set_device(local_rank)
+        dist.init_process_group(backend)
+    else:
+        rank, world_size, local_rank = 0, 1, 0
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return Dist(rank, world_size, local_rank)
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    """Sums `tensor` over all ranks, in place (a host sync: only on logging steps)."""
+    dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor
+
+
+def all_gather(value: object) -> list:
+    """Every rank's `value`, in rank order (RNG states for a checkpoint, say)."""
+    gathered: list = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def barrier() -> None:
+    dist.barrier()
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
