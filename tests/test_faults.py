@@ -317,11 +317,6 @@ SAVE_FAULTS = {
     ),
 }
 FAST_SAVE_FAULT = "ENOSPC-writing-a-step"
-NEEDS_RUNLOG_FSYNC = pytest.mark.xfail(
-    strict=True,
-    reason="needs template change: runlog.py RunLog.checkpointed() to turn an OSError from "
-    "os.fsync(metrics) into RunDirError, as log() does (a traceback today)",
-)
 
 
 @pytest.mark.parametrize(
@@ -335,7 +330,7 @@ NEEDS_RUNLOG_FSYNC = pytest.mark.xfail(
             {"at": "fsync", "match": "metrics.jsonl", "nth": 1, "do": "ENOSPC"},
             f"{{run}}/metrics.jsonl: {NO_SPACE}",
             id="ENOSPC-syncing-metrics",
-            marks=[pytest.mark.slow, NEEDS_RUNLOG_FSYNC],
+            marks=pytest.mark.slow,
         )
     ],
 )
@@ -513,16 +508,9 @@ MALFORMED = {
     "missing-file": ("d.csv", None, "d.csv: no such file"),
 }
 FAST_MALFORMED = {"npz-without-x", "missing-file"}
-NEEDS_DATA_PY = pytest.mark.xfail(
-    strict=True,
-    reason="needs template change: data.py _read_npz() to catch zipfile.BadZipFile (and any "
-    "error np.load raises) and to read x and y inside the try: an object array fails only on "
-    "access, with a ValueError and a traceback",
-)
 
 
 @pytest.mark.slow
-@NEEDS_DATA_PY
 def test_a_garbage_npz_is_named(project, tmp_path, tally):
     (tmp_path / "d.npz").write_bytes(b"PK\x03\x04 not really a zip file")
     tally[SUITE]["inputs tried"] += 1
@@ -549,7 +537,6 @@ def test_malformed_data_is_named_before_training(project, tmp_path, tally, name,
 
 
 @pytest.mark.slow
-@NEEDS_DATA_PY
 def test_an_npz_with_pickled_objects_is_refused_unread(project, tmp_path, tally):
     marker = tmp_path / "code-ran"
     _pickled_npz(marker)(tmp_path / "d.npz")
@@ -560,11 +547,6 @@ def test_an_npz_with_pickled_objects_is_refused_unread(project, tmp_path, tally)
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs template change: data.py read_arrays() to check finiteness after the cast to "
-    "float32 (1e39 is finite as float64, inf as float32)",
-)
 def test_a_value_beyond_float32_is_named(project, tmp_path, tally):
     rows = ["a,b,label"] + [f"{i},{i % 7},{i % 3}" for i in range(300)]
     rows[5] = "1e39,2,1"
@@ -577,11 +559,6 @@ def test_a_value_beyond_float32_is_named(project, tmp_path, tally):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs template change: data.py _labels() to refuse labels that imply more classes "
-    "than examples (a typo such as 1000000000 builds a model with a billion outputs)",
-)
 def test_a_label_far_out_of_range_is_named(project, tmp_path, tally):
     rows = ["a,b,label"] + [f"{i},{i % 7},{i % 3}" for i in range(300)]
     rows[5] = "4,2,1000000000"
