@@ -113,21 +113,25 @@ def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{path}: expected a .npz or .csv file")
     if len(y) == 0:
         raise DataError(f"{path}: no examples")
+    with np.errstate(over="ignore"):
+        x = x.astype(np.float32)  # a value beyond float32's range becomes inf here, and is named below
     if not np.isfinite(x).all():
         row = int(np.nonzero(~np.isfinite(x).all(axis=1))[0][0])
-        raise DataError(f"{path}: example {row} has a NaN or infinite feature")
-    return x.astype(np.float32), _targets(path, y)
+        raise DataError(f"{path}: example {row} has a NaN, infinite or beyond-float32 feature")
+    return x, _targets(path, y)
 
 
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     try:
-        arrays = np.load(path, allow_pickle=False)  # never unpickle data
-    except (OSError, ValueError) as error:
-        raise DataError(f"{path}: not a readable .npz file ({error})") from None
-    missing = [key for key in ("x", "y") if key not in arrays]
-    if missing:
-        raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {list(arrays)}")
-    x, y = arrays["x"], arrays["y"]
+        with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
+            missing = [key for key in ("x", "y") if key not in arrays]
+            if missing:
+                raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {list(arrays)}")
+            x, y = arrays["x"], arrays["y"]
+    except DataError:
+        raise
+    except Exception as error:  # not a zip, a truncated one, or object arrays (refused unread)
+        raise DataError(f"{path}: not a readable .npz file of numeric arrays ({error})") from None
     if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
         raise DataError(f"{path}: need x of shape (N, F) and y of shape (N,), got {x.shape} and {y.shape}")
     if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
@@ -169,6 +173,9 @@ def _targets(path: Path, y: np.ndarray) -> np.ndarray:
     bad = np.nonzero((y != np.round(y)) | (y < 0))[0]
     if len(bad):
         raise DataError(f"{path}: label of example {bad[0]} is {y[bad[0]]}; labels must be integers >= 0")
+    if y.max() >= len(y):  # more classes than examples: a typo, not a data set
+        row = int(np.argmax(y))
+        raise DataError(f"{path}: label of example {row} is {int(y[row])}, more classes than examples")
     return y.astype(np.int64)
 
 
