@@ -404,11 +404,6 @@ def test_a_resume_that_changes_model_and_data_names_every_field(
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs template change: data.py Splits.describe() to carry a digest of the data "
-    "(x and y), so a resume on a data file whose contents changed is refused",
-)
 def test_a_resume_on_changed_data_contents_is_refused(project, tmp_path, tally):
     rng = np.random.default_rng(0)
     data = tmp_path / "d.npz"

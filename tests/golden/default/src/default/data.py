@@ -8,6 +8,7 @@ header row, numeric columns, and the integer label in the last column.
 """
 
 import csv
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,6 +39,14 @@ class FeatureDataset(Dataset):
         return self.x[indices], self.y[indices]
 
 
+def digest(*arrays: np.ndarray) -> str:
+    """A fingerprint of the data's contents: a resumed run refuses data that changed."""
+    hasher = hashlib.sha256()
+    for array in arrays:
+        hasher.update(np.ascontiguousarray(array).tobytes())
+    return hasher.hexdigest()[:16]
+
+
 def split_indices(n: int, cfg: Config, source: str) -> tuple[np.ndarray, np.ndarray]:
     """Train and validation indices: a fixed validation subset, and --max-train-examples of the rest."""
     order = np.random.default_rng(SPLIT_SEED).permutation(n)
@@ -60,11 +69,13 @@ class Splits:
     n_features: int
     n_classes: int
     source: str
+    digest: str  # of the whole file's contents
 
     def describe(self) -> dict:
         """What a resumed run must see again: it refuses to continue on different data."""
         return {
             "source": self.source,
+            "digest": self.digest,
             "n_train": len(self.train),
             "n_val": len(self.val),
             "n_features": self.n_features,
@@ -88,6 +99,7 @@ def load_splits(cfg: Config) -> Splits:
         n_features=x.shape[1],
         n_classes=int(y.max()) + 1,
         source=source,
+        digest=digest(x, y),
     )
 
 

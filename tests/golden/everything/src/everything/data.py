@@ -13,6 +13,7 @@ What the rest of the project needs from this file, whatever your data is:
 - `summarize(splits)`: what `inspect-data` prints; `DataError` for input that cannot be used.
 """
 
+import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -48,9 +49,15 @@ class Splits:
     train: PairDataset
     val: PairDataset
     source: str
+    digest: str  # of the data's contents: a resumed run refuses data that changed
 
     def describe(self) -> dict:
-        return {"source": self.source, "n_train": len(self.train), "n_val": len(self.val)}
+        return {
+            "source": self.source,
+            "digest": self.digest,
+            "n_train": len(self.train),
+            "n_val": len(self.val),
+        }
 
 
 def load_splits(cfg: Config) -> Splits:
@@ -62,11 +69,13 @@ def load_splits(cfg: Config) -> Splits:
         train_idx = train_idx[: cfg.max_train_examples]
     if len(train_idx) < cfg.batch_size:
         raise DataError(f"{len(train_idx)} training examples, fewer than one batch of {cfg.batch_size}")
+    contents = hashlib.sha256(inputs.tobytes() + targets.tobytes()).hexdigest()[:16]
     inputs, targets = torch.from_numpy(inputs), torch.from_numpy(targets)
     return Splits(
         train=PairDataset(inputs[train_idx], targets[train_idx]),
         val=PairDataset(inputs[val_idx], targets[val_idx]),
         source=cfg.data or "example",
+        digest=contents,
     )
 
 
