@@ -6,9 +6,14 @@ tests/golden/ with the change, so that reviewers read the rendered difference.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from scaffold.golden import GOLDEN_DIR, differences, golden_answers, render_goldens
+from scaffold.golden import differences, golden_answers, render_goldens
+
+# This checkout's goldens, also when scaffold is installed from it (not editable) as CI does.
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 
 
 def test_goldens_are_the_default_and_everything_on_combinations():
