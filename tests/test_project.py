@@ -125,22 +125,31 @@ def test_the_projects_own_tests_pass(project):
     assert "3 passed" in done.stdout
 
 
-def test_a_killed_run_resumes_to_the_same_records(project, finished):
-    command = _command(
-        project, ["train", "--run-dir", "runs/killed", "--max-steps", "60", *SMALL_RUN]
-    )
+def kill_then_resume(
+    project: Path, run_dir: str, kill_after: int, **env
+) -> subprocess.CompletedProcess:
+    """Trains 60 small steps in `run_dir`, SIGKILLed once step `kill_after` is logged, then runs
+    the same command again to resume it; returns the resumed run."""
+    args = ["train", "--run-dir", run_dir, "--max-steps", "60", *SMALL_RUN]
+    env = {**_env(project), **env}
     with subprocess.Popen(
-        command, cwd=project, env=_env(project), stdout=subprocess.PIPE, text=True
+        _command(project, args), cwd=project, env=env, stdout=subprocess.PIPE, text=True
     ) as proc:
         for line in proc.stdout:
-            if line.startswith("step 25/"):
+            if line.startswith(f"step {kill_after}/"):
                 proc.send_signal(signal.SIGKILL)
                 break
         proc.wait()
     assert proc.returncode == -signal.SIGKILL
-
-    done = run(project, "train", "--run-dir", "runs/killed", "--max-steps", "60", *SMALL_RUN)
+    done = subprocess.run(
+        _command(project, args), cwd=project, env=env, capture_output=True, text=True, timeout=600
+    )
     assert done.returncode == 0, done.stderr
+    return done
+
+
+def test_a_killed_run_resumes_to_the_same_records(project, finished):
+    done = kill_then_resume(project, "runs/killed", kill_after=25)
     resumed_at = int(done.stdout.split("resuming from ")[1].split(" at step ")[1].split()[0])
     assert 20 <= resumed_at < 60
     assert records(project / "runs" / "killed") == records(finished)  # one record a step, all equal

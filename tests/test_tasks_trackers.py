@@ -5,12 +5,10 @@ from __future__ import annotations
 
 import glob
 import json
-import signal
 import struct
-import subprocess
 
 import pytest
-from test_project import SMALL_RUN, _command, _env, records, render, run
+from test_project import kill_then_resume, records, render, run
 
 
 @pytest.mark.slow
@@ -93,21 +91,7 @@ def test_report_and_plot_summarise_runs(tmp_path):
 
 def _kill_then_resume(project, run_dir: str) -> None:
     """Runs 60 steps, killed after step 35 is logged, then resumed to the end."""
-    args = ["train", "--run-dir", run_dir, "--max-steps", "60", *SMALL_RUN]
-    env = {**_env(project), "WANDB_SILENT": "true"}
-    with subprocess.Popen(
-        _command(project, args), cwd=project, env=env, stdout=subprocess.PIPE, text=True
-    ) as proc:
-        for line in proc.stdout:
-            if line.startswith("step 35/"):
-                proc.send_signal(signal.SIGKILL)
-                break
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
-    done = subprocess.run(
-        _command(project, args), cwd=project, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert done.returncode == 0, done.stderr
+    done = kill_then_resume(project, run_dir, kill_after=35, WANDB_SILENT="true")
     assert "resuming from" in done.stdout
 
 
