@@ -1,7 +1,7 @@
 """The training loop: setup, data, model, optimizer, loop, checkpoints.
 
     python -m everything train  # synthetic data, into runs/default
-    python -m everything train --data features.csv --run-dir runs/exp1
+    python -m everything train --data pairs.npz --run-dir runs/exp1
     python -m everything train --device cpu --max-steps 50  # debug without cuda
     torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29500 \
         -m everything train  # or scripts/train_single_node.sh
