@@ -153,8 +153,8 @@ def check_loader(cfg: Config) -> CheckResult:
     """Times the loader alone, a training step alone, and both together."""
     device = setup(cfg)
     splits = load_splits(cfg)
-    rank = init_distributed(device.type)
-    loader, _, sampler = build_loaders(splits, cfg, device, rank.rank, rank.world_size)
+    group = init_distributed(device.type)
+    loader, _, sampler = build_loaders(splits, cfg, device, group.rank, group.world_size)
     batches = micro_batches(loader, sampler, TrainState())
     for _ in range(10):  # start the workers and fill their queues
         next(batches)

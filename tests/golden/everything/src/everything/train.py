@@ -182,23 +182,23 @@ def check_resumable(checkpoint: dict, cfg: Config, splits: Splits, world_size: i
 def train(cfg: Config, quiet: bool = False) -> dict:
     """Trains (or resumes) the run in cfg.run_dir; returns where it ended and its best validation."""
     device = setup(cfg)
-    rank = init_distributed(device.type)
-    quiet = quiet or not rank.is_main  # one rank speaks for all
+    group = init_distributed(device.type)
+    quiet = quiet or not group.is_main  # one rank speaks for all
     splits = load_splits(cfg)
     model = build_model(cfg, splits).to(device)
     optimizer = build_optimizer(model, cfg)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
     scaler = torch.amp.GradScaler(device.type)
     state = TrainState()
-    run = RunLog(Path(cfg.run_dir)) if rank.is_main else SilentRunLog()  # rank 0 alone writes
+    run = RunLog(Path(cfg.run_dir)) if group.is_main else SilentRunLog()  # rank 0 alone writes
     say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
-    checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, write=rank.is_main)
+    checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, write=group.is_main)
     latest = checkpoints.load_latest()
     if latest is None:
         run.start(cfg, splits.describe(), PRECISION)
     else:
         path, checkpoint = latest
-        check_resumable(checkpoint, cfg, splits, rank.world_size)
+        check_resumable(checkpoint, cfg, splits, group.world_size)
         model.load_state_dict(checkpoint["model"])
         optimizer.load_state_dict(checkpoint["optimizer"])
         scheduler.load_state_dict(checkpoint["scheduler"])
@@ -209,12 +209,12 @@ def train(cfg: Config, quiet: bool = False) -> dict:
     n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
     say(f"model: {n_params:,} trainable parameters; device {device}, precision {PRECISION}")
     say(f"data: {splits.source}, {len(splits.train):,} train / {len(splits.val):,} val examples")
-    say(f"ranks: {rank.world_size}, {cfg.batch_size} examples each a micro-batch")
-    train_loader, val_loader, sampler = build_loaders(splits, cfg, device, rank.rank, rank.world_size)
+    say(f"ranks: {group.world_size}, {cfg.batch_size} examples each a micro-batch")
+    train_loader, val_loader, sampler = build_loaders(splits, cfg, device, group.rank, group.world_size)
     batches = micro_batches(train_loader, sampler, state)
     forward = wrap(model, cfg, device)
     if latest is not None:
-        set_rng_state(checkpoint["rng"][rank.rank])  # last: nothing above may consume these streams
+        set_rng_state(checkpoint["rng"][group.rank])  # last: nothing above may consume these streams
 
     def payload() -> dict:
         return {
@@ -230,7 +230,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         }
 
     model.train()
-    examples_per_step = cfg.grad_accum_steps * cfg.batch_size * rank.world_size
+    examples_per_step = cfg.grad_accum_steps * cfg.batch_size * group.world_size
     progress = Progress(cfg.max_steps, state.step, examples_per_step, quiet)
     started, first_step, stop = time.perf_counter(), state.step, False
     try:
@@ -243,7 +243,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
             last = state.step == cfg.max_steps
             save = state.step % cfg.ckpt_every == 0 or last
             if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
-                loss = all_reduce_sum(loss) / rank.world_size  # the mean over every rank's examples
+                loss = all_reduce_sum(loss) / group.world_size  # the mean over every rank's examples
                 loss, grad_norm = loss.item(), grad_norm.item()
                 if not math.isfinite(loss):  # before any checkpoint could hold the damage
                     raise TrainingError(
