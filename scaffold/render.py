@@ -16,6 +16,7 @@ import signal
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -74,14 +75,13 @@ def new_project(
     existing = _check_destination(dest, force)
 
     ancestor = next(p for p in dest.parents if p.is_dir())
-    try:
-        staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.scaffold-", dir=ancestor))
-    except OSError as err:
-        raise ScaffoldError(f"cannot write in {ancestor}: {err.strerror}") from None
-    # Rendered under DEST's own name, so copier's default project name is DEST's folder name.
-    rendered = staging / dest.name
+    staging: Path | None = None
     try:
         with _sigterm_raises_keyboard_interrupt():
+            with _signals_deferred():  # an interrupt cannot fall between mkdtemp and `staging =`
+                staging = _make_staging(ancestor, dest.name)
+            # Rendered under DEST's own name, so copier's default project name is DEST's name.
+            rendered = staging / dest.name
             try:
                 worker = _run_copier(template, rendered, data, ask=ask)
                 if git and not existing:
@@ -99,13 +99,31 @@ def new_project(
                 _git_commit(dest, files=files)
                 status = "committed"
     finally:
-        shutil.rmtree(staging, ignore_errors=True)
+        if staging is not None:
+            with _signals_deferred():
+                _remove_tree(staging)
     recorded = worker.answers.combined
     return NewProject(
         path=dest,
         answers={q.name: recorded.get(q.name) for q in asked_questions(template)},
         git=status,
     )
+
+
+def _make_staging(ancestor: Path, name: str) -> Path:
+    try:
+        return Path(tempfile.mkdtemp(prefix=f".{name}.scaffold-", dir=ancestor))
+    except OSError as err:
+        raise ScaffoldError(f"cannot write in {ancestor}: {err.strerror}") from None
+
+
+def _remove_tree(path: Path, attempts: int = 50) -> None:
+    """Remove `path`, retrying while a process that is dying still writes into it."""
+    for _ in range(attempts):
+        shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            return
+        time.sleep(0.1)
 
 
 def parse_answers(answers: Mapping[str, Any], template: Path | None = None) -> dict[str, Any]:
@@ -249,11 +267,26 @@ def _git(
     if index is not None:
         env["GIT_INDEX_FILE"] = str(index)
     try:
-        result = subprocess.run(
-            ["git", *args], cwd=project, env=env, capture_output=True, text=True, check=False
+        process = subprocess.Popen(
+            ["git", *args],
+            cwd=project,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )
     except FileNotFoundError:
         raise ScaffoldError("git is not installed: install it, or pass --no-git") from None
+    try:
+        stdout, stderr = process.communicate()
+    except BaseException:
+        # Interrupted: git must be gone before its folder is removed, or it writes on into it.
+        process.kill()
+        with _signals_deferred():
+            process.wait()
+        raise
+    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
     if check and result.returncode != 0:
         reason = (result.stderr.strip().splitlines() or ["no message"])[-1]
         raise ScaffoldError(f"git {args[0]} failed in {project}: {reason}")
