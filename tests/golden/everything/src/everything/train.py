@@ -47,6 +47,7 @@ class TrainState:
     best_val_loss: float = math.inf
     best_step: int = 0
     evals_since_best: int = 0  # for early stopping
+    skipped_steps: int = 0  # optimizer steps the GradScaler skipped: their gradients overflowed
 
 
 def setup(cfg: Config) -> torch.device:
@@ -232,11 +233,13 @@ def train(cfg: Config, quiet: bool = False) -> dict:
     model.train()
     examples_per_step = cfg.grad_accum_steps * cfg.batch_size * group.world_size
     progress = Progress(cfg.max_steps, state.step, examples_per_step, quiet)
+    skipped = torch.tensor(state.skipped_steps, device=device)  # counted on the device: no sync
     started, first_step, stop = time.perf_counter(), state.step, False
     try:
         while state.step < cfg.max_steps and not stop:
             lr = scheduler.get_last_lr()[0]
             loss, grad_norm = train_step(forward, batches, optimizer, cfg, device, scaler)
+            skipped += grad_norm.isfinite().logical_not()  # the scaler's own test: inf or NaN grads
             scheduler.step()
             state.step += 1
             progress.update()
@@ -250,7 +253,21 @@ def train(cfg: Config, quiet: bool = False) -> dict:
                         f"loss is {loss} at step {state.step}: lower --lr, check the precision"
                         " (fp16 overflows where bf16 does not), and inspect the data (inspect-data)"
                     )
-                run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
+                skipped_before, state.skipped_steps = state.skipped_steps, int(skipped.item())
+                run.log(
+                    step=state.step,
+                    split="train",
+                    loss=loss,
+                    lr=lr,
+                    grad_norm=grad_norm,
+                    skipped_steps=state.skipped_steps,
+                )
+                if state.skipped_steps > skipped_before:
+                    say(
+                        f"step {state.step}: fp16 gradients overflowed, the GradScaler skipped"
+                        f" {state.skipped_steps - skipped_before} steps ({state.skipped_steps} in all)"
+                        " and lowered its scale"
+                    )
                 progress.log(state.step, loss, lr, grad_norm)
             if state.step % cfg.eval_every == 0 or last:
                 metrics = evaluate(model, val_loader, splits, device)
