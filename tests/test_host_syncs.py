@@ -157,12 +157,16 @@ def _run(train_module, config_module, run_dir: Path, device: str = "cpu") -> Non
     train_module.train(cfg, quiet=True)
 
 
-VARIANTS = [{"task": task} for task in load_questions()["task"].values] + [{"grad_accum_steps": 4}]
+VARIANTS = [{"task": task} for task in load_questions()["task"].values] + [
+    {"grad_accum_steps": 4},
+    {"device": "cuda", "precision": "bf16"},  # run on the CPU: the rendered code is what counts
+    {"device": "cuda", "precision": "fp16"},  # the GradScaler, and its count of skipped steps
+]
 
 
 @pytest.mark.parametrize("answers", VARIANTS, ids=lambda a: "-".join(map(str, a.values())))
 def test_no_host_sync_outside_logging_evaluation_and_checkpoint_steps(tmp_path, answers):
-    answers = {**answers, "device": "cpu", "precision": "fp32", "compile": False}
+    answers = {"device": "cpu", "precision": "fp32", "compile": False, **answers}
     recorder = SyncRecorder()
 
     def next_step() -> None:
