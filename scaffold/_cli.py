@@ -235,6 +235,14 @@ def matrix_(
         float,
         typer.Option("--timeout", metavar="SECONDS", help="Fail a check running longer than this"),
     ] = 900,
+    fresh: Annotated[
+        bool,
+        typer.Option(
+            "--fresh",
+            help="Run each check as a fresh `python -m <pkg> check all` (ddp ones under the "
+            "project's torchrun), not forked from a worker that loaded torch once",
+        ),
+    ] = False,
 ) -> int:
     """Render, lint and check every valid combination of answers (or those --only selects)."""
     combos = matrix.select(matrix.combinations(), only or [])
@@ -270,6 +278,7 @@ def matrix_(
         native_device=native_device,
         keep=keep,
         timeout=timeout,
+        fresh=fresh,
         on_done=on_done,
     )
     wall = time.perf_counter() - started

@@ -8,20 +8,27 @@ in parallel; `scaffold matrix` is the command line over `run_matrix`.
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures
 import contextlib
 import dataclasses
 import functools
 import hashlib
+import importlib
 import itertools
+import multiprocessing.util
 import os
 import re
+import runpy
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import traceback
 import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -275,6 +282,33 @@ class _Job:
     threads: int
     keep: bool
     timeout: float | None
+    fork: bool  # run the check in a process forked from the worker, else a fresh interpreter
+
+
+# What a project's `check all` imports, loaded once per matrix worker before any check is forked
+# from it: each fresh interpreter paid 3-5 s of this, more than the checks of a small model take.
+# A module missing here is simply not preloaded (the project then imports it, or fails, itself).
+PRELOAD = (
+    "numpy",
+    "torch",
+    "torch._dynamo",  # torch.optim imports it when an optimizer is built
+    "torch._inductor.compile_fx",
+    "torch.distributed",
+    "torch.nn.parallel",
+    "torch.utils.data",
+    "torch.utils.tensorboard",
+    "tqdm",
+    "wandb",
+    "mlflow.tracking",
+)
+# The rank processes of a ddp combination, as the project's own launcher (torchrun) starts them.
+DDP_PROCESSES = 2
+
+
+def forking_supported() -> bool:
+    """Checks fork from a warm worker on Linux; macOS (where forking after loading the
+    Objective-C runtime is unsafe) and Windows start a fresh interpreter for each check."""
+    return hasattr(os, "fork") and sys.platform.startswith("linux")
 
 
 def run_matrix(
@@ -286,6 +320,7 @@ def run_matrix(
     keep: bool = False,
     timeout: float | None = None,
     template: Path | None = None,
+    fresh: bool = False,
     on_done: Callable[[Outcome, int, int], None] = lambda outcome, done, total: None,
 ) -> list[Outcome]:
     """Render, lint and check each combination, `jobs` at a time (default: the CPU count).
@@ -293,6 +328,12 @@ def run_matrix(
     Checks run on the CPU (`--device cpu`) unless `native_device`; a check that runs past
     `timeout` seconds is stopped and fails. Projects that pass are
     deleted unless `keep`; a failing one stays, under `workdir`. Outcomes keep `combos`' order.
+
+    Each worker imports torch (and the rest of PRELOAD) once; each check then runs the project's
+    `python -m <pkg> check all` in a process forked from that worker, ddp ones as two rank
+    processes started the way torchrun starts them. With `fresh` (or where fork is not safe),
+    each check is a fresh interpreter running that command, ddp ones under the project's own
+    torchrun.
     """
     jobs = max(1, jobs or os.cpu_count() or 1)
     own_workdir = workdir is None
@@ -300,13 +341,21 @@ def run_matrix(
     workdir.mkdir(parents=True, exist_ok=True)
     # One inductor cache for every compile combination: the same kernels compile once.
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(workdir / "inductor-cache"))
+    # Kernels compile in the checking process: with every core busy with a job, a pool of compile
+    # workers (each a fresh interpreter importing torch) only adds its start-up.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     threads = max(1, (os.cpu_count() or 1) // jobs)
+    fork = not fresh and forking_supported()
     work = [
-        _Job(dict(c), workdir / f"{i:04d}", template, native_device, threads, keep, timeout)
+        _Job(dict(c), workdir / f"{i:04d}", template, native_device, threads, keep, timeout, fork)
         for i, c in enumerate(combos)
     ]
     outcomes: dict[int, Outcome] = {}
-    with concurrent.futures.ProcessPoolExecutor(max_workers=jobs) as pool:
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=jobs,
+        initializer=_start_worker,
+        initargs=(threads, fork, fork and any(c.get("compile") for c in combos)),
+    ) as pool:
         futures = {pool.submit(_run_one, job): i for i, job in enumerate(work)}
         try:
             for future in concurrent.futures.as_completed(futures):
@@ -320,6 +369,56 @@ def run_matrix(
     if own_workdir and not keep and all(o.passed for o in outcomes.values()):
         shutil.rmtree(workdir, ignore_errors=True)
     return [outcomes[i] for i in range(len(work))]
+
+
+@dataclasses.dataclass
+class _Fresh:
+    """A worker's state as it started, before any rendering: what each forked check begins
+    from, as a fresh interpreter would."""
+
+    path: list[str]
+    warning_filters: list[Any]
+    environ: dict[str, str]
+
+
+_FRESH: _Fresh | None = None
+
+
+def _start_worker(threads: int, preload: bool, warm_compiler: bool = False) -> None:
+    """A matrix worker's start: copier, and for forked checks torch and the rest of PRELOAD
+    (and torch.compile's machinery, when a combination compiles)."""
+    global _FRESH
+    # Jobs in parallel share the cores: one intra-op pool each, not one each per core. Set before
+    # torch loads: it sizes its pool from this.
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    _FRESH = _Fresh(list(sys.path), list(warnings.filters), dict(os.environ))
+    # A worker never runs exit handlers (it ends with os._exit); a check forked from it runs
+    # those a fresh interpreter would have: multiprocessing's (it stops the loader workers) and
+    # the ones the modules it imports register, not those of `scaffold matrix` itself.
+    atexit._clear()
+    getattr(threading, "_threading_atexits", []).clear()
+    atexit.register(multiprocessing.util._exit_function)  # type: ignore[attr-defined]
+    importlib.import_module("scaffold.render")
+    if preload:
+        for name in PRELOAD:
+            with contextlib.suppress(Exception), warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                importlib.import_module(name)
+    if warm_compiler:
+        with contextlib.suppress(Exception):
+            _warm_compiler()
+
+
+def _warm_compiler() -> None:
+    """Compile a one-line function forward and backward, then forget it: torch.compile's first
+    use in a process initialises its machinery lazily (1-2 s, in every compile check)."""
+    import torch
+
+    forget = torch._dynamo.reset  # type: ignore[attr-defined]
+    forget()
+    twice = torch.compile(lambda x: (x * 2).sum())
+    twice(torch.ones(3, requires_grad=True)).backward()
+    forget()
 
 
 def _run_one(job: _Job) -> Outcome:
@@ -349,7 +448,7 @@ def _run_one(job: _Job) -> Outcome:
         return fail("lint", "\n".join(problems))
 
     start = time.perf_counter()
-    returncode, output = _run_check(project, job)
+    returncode, output = _run_check_forked(project, job) if job.fork else _run_check(project, job)
     seconds["check"] = time.perf_counter() - start
     if returncode != 0:
         return fail("check", output)
@@ -359,8 +458,8 @@ def _run_one(job: _Job) -> Outcome:
 
 
 def _run_check(project: Path, job: _Job) -> tuple[int, str]:
-    """Run the project's checks in their own process group; on timeout, stop the whole group
-    (torchrun and its ranks too)."""
+    """Run the project's checks in a fresh interpreter in its own process group; on timeout,
+    stop the whole group (torchrun and its ranks too)."""
     process = subprocess.Popen(
         check_command(project, native_device=job.native_device),
         cwd=project,
@@ -379,6 +478,151 @@ def _run_check(project: Path, job: _Job) -> tuple[int, str]:
         output, _ = process.communicate()
         return -1, f"timed out after {job.timeout:.0f} s\n{output}"
     return process.returncode, f"exit status {process.returncode}\n{output}"
+
+
+def _run_check_forked(project: Path, job: _Job) -> tuple[int, str]:
+    """Run `python -m <pkg> check all` (check_command's) in a child of this warm worker, in its
+    own session; on timeout, stop the whole session (its ranks and loader workers too).
+
+    The child is the launcher: it runs the module itself, or for a ddp combination starts
+    DDP_PROCESSES rank processes with torchrun's environment (RANK, WORLD_SIZE, LOCAL_RANK,
+    MASTER_ADDR, MASTER_PORT) and, as torchrun does, stops the others when one fails."""
+    command = check_command(project, native_device=job.native_device)
+    package, args = command[command.index("-m") + 1], command[command.index("-m") + 2 :]
+    env = _check_env(project, job.threads)
+    ranks = DDP_PROCESSES if job.answers.get("distributed") == "ddp" else 1
+    log = job.folder / "check.log"
+    output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the worker
+        code = 1
+        try:
+            os.setsid()
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(output, 1)
+            os.dup2(output, 2)
+            # The standard streams of an interpreter started with these descriptors.
+            sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+            sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+            sys.stderr = sys.__stderr__ = open(  # noqa: SIM115
+                2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False
+            )
+            code = _launch(project, package, args, env, ranks)
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+        finally:
+            with contextlib.suppress(BaseException):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    os.close(output)
+    deadline = None if job.timeout is None else time.monotonic() + job.timeout
+    pause = 0.005
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            returncode = os.waitstatus_to_exitcode(status)
+            return returncode, f"exit status {returncode}\n{_read(log)}"
+        if deadline is not None and time.monotonic() > deadline:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return -1, f"timed out after {job.timeout:.0f} s\n{_read(log)}"
+        time.sleep(pause)
+        pause = min(0.1, pause * 2)
+
+
+def _read(path: Path) -> str:
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _launch(project: Path, package: str, args: list[str], env: dict[str, str], ranks: int) -> int:
+    """In the forked launcher: run the module, or start `ranks` rank processes running it."""
+    if ranks == 1:
+        return _run_module(project, package, args, env)
+    with socket.socket() as probe:  # the project's own launcher picks its port the same way
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    pids = []
+    for rank in range(ranks):
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                rank_env = {
+                    **env,
+                    "RANK": str(rank),
+                    "LOCAL_RANK": str(rank),
+                    "GROUP_RANK": "0",
+                    "WORLD_SIZE": str(ranks),
+                    "LOCAL_WORLD_SIZE": str(ranks),
+                    "MASTER_ADDR": "127.0.0.1",
+                    "MASTER_PORT": str(port),
+                }
+                code = _run_module(project, package, args, rank_env)
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    failed = 0
+    running = set(pids)
+    while running:
+        pid, status = os.wait()
+        if pid not in running:
+            continue
+        running.discard(pid)
+        code = os.waitstatus_to_exitcode(status)
+        if code and not failed:
+            failed = code if code > 0 else 1
+            print(f"rank {pids.index(pid)} exited with status {code}: stopping the others")
+            sys.stdout.flush()
+            for other in running:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(other, signal.SIGTERM)
+    return failed
+
+
+def _run_module(project: Path, package: str, args: list[str], env: dict[str, str]) -> int:
+    """`python -m <pkg> *args` in this (forked) process, from a fresh interpreter's state; its
+    exit status."""
+    fresh = _FRESH or _Fresh(list(sys.path), list(warnings.filters), dict(os.environ))
+    os.chdir(project)
+    os.environ.clear()
+    os.environ.update(env)
+    src = project / "src"
+    # What `python -m` with PYTHONPATH=src starts with: the working folder, then PYTHONPATH.
+    sys.path[:] = [str(project), str(src), *(p for p in fresh.path if p not in ("", str(src)))]
+    sys.argv = [str(src / package / "__main__.py"), *args]
+    warnings.filters[:] = fresh.warning_filters
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    torch = sys.modules.get("torch")
+    if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():
+        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    code: int = 0
+    try:
+        runpy.run_module(package, run_name="__main__", alter_sys=True)
+    except SystemExit as exit_:
+        if exit_.code is None or isinstance(exit_.code, int):
+            code = exit_.code or 0
+        else:
+            print(exit_.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    # As the interpreter exits: wait for non-daemon threads, then the atexit handlers.
+    with contextlib.suppress(BaseException):
+        threading._shutdown()  # type: ignore[attr-defined]
+    with contextlib.suppress(BaseException):
+        atexit._run_exitfuncs()
+    with contextlib.suppress(BaseException):
+        sys.stdout.flush()
+        sys.stderr.flush()
+    return code
 
 
 def check_command(project: Path, *, native_device: bool = False) -> list[str]:
@@ -401,7 +645,7 @@ def _config_fields(project: Path) -> set[str]:
 
 
 def _check_env(project: Path, threads: int) -> dict[str, str]:
-    env = dict(os.environ)
+    env = dict(_FRESH.environ if _FRESH else os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(project / "src"), env.get("PYTHONPATH")) if p
     )

@@ -1,0 +1,145 @@
+"""`scaffold matrix` runs each check as `python -m <pkg> check all` would: in a process forked
+from a worker that loaded torch once, ddp ones as two rank processes with torchrun's
+environment. Exit statuses, output, exit handlers, failing ranks and timeouts behave as they
+do for a fresh interpreter."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import multiprocessing
+import time
+from pathlib import Path
+
+import pytest
+
+from scaffold import matrix
+from scaffold.questions import package_name
+
+pytestmark = pytest.mark.skipif(not matrix.forking_supported(), reason="checks fork on Linux")
+
+# A stand-in project: its __main__ does what the file `mode` in its folder says.
+FAKE_MAIN = """\
+import atexit
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+mode = Path("mode").read_text().strip()
+rank = os.environ.get("RANK")
+print(f"args {sys.argv[1:]} rank {rank} of {os.environ.get('WORLD_SIZE')} in {os.getcwd()}")
+print(f"main {__name__} package {__package__} path0 {sys.path[0]}")
+atexit.register(print, f"exit handler of rank {rank}")
+if mode == "fail":
+    sys.exit(3)
+if mode == "raise":
+    raise RuntimeError("boom")
+if mode == "rank-fails":
+    if rank == "1":
+        sys.exit(2)
+    time.sleep(60)
+if mode == "hang":
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    Path("grandchild").write_text(str(child.pid))
+    time.sleep(60)
+"""
+
+
+def _fake_project(folder: Path, mode: str) -> Path:
+    project = folder / matrix.LONGEST_NAME
+    package = project / "src" / package_name(matrix.LONGEST_NAME)
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "config.py").write_text("")
+    (package / "__main__.py").write_text(FAKE_MAIN)
+    (project / "mode").write_text(mode)
+    return project
+
+
+def _check_fake(folder: Path, mode: str, ddp: bool, timeout: float | None) -> tuple[int, str]:
+    project = _fake_project(folder, mode)
+    answers = {"distributed": "ddp" if ddp else "none"}
+    job = matrix._Job(answers, folder, None, False, 1, True, timeout, True)
+    return matrix._run_check_forked(project, job)
+
+
+def _in_worker(*args) -> tuple[int, str]:
+    """Run a fake check from a matrix worker, as run_matrix does (not from pytest itself)."""
+    context = multiprocessing.get_context("fork")
+    with concurrent.futures.ProcessPoolExecutor(
+        1, mp_context=context, initializer=matrix._start_worker, initargs=(1, False)
+    ) as pool:
+        return pool.submit(_check_fake, *args).result()
+
+
+def test_a_passing_check_runs_as_python_dash_m(tmp_path):
+    status, output = _in_worker(tmp_path, "pass", False, 60)
+
+    assert status == 0
+    project = tmp_path / matrix.LONGEST_NAME
+    assert f"args ['check', 'all', '--device', 'cpu'] rank None of None in {project}" in output
+    package = package_name(matrix.LONGEST_NAME)
+    assert f"main __main__ package {package} path0 {project}" in output
+    assert output.rstrip().endswith("exit handler of rank None")
+
+
+@pytest.mark.parametrize(("mode", "status", "shown"), [("fail", 3, None), ("raise", 1, "boom")])
+def test_a_failing_check_keeps_its_status_and_output(tmp_path, mode, status, shown):
+    got, output = _in_worker(tmp_path, mode, False, 60)
+
+    assert got == status
+    assert output.startswith(f"exit status {status}\n")
+    if shown:
+        assert f"RuntimeError: {shown}" in output
+
+
+def test_ddp_checks_run_as_two_ranks(tmp_path):
+    status, output = _in_worker(tmp_path, "pass", True, 60)
+
+    assert status == 0
+    assert "rank 0 of 2" in output and "rank 1 of 2" in output
+
+
+def test_a_failing_rank_stops_the_other(tmp_path):
+    start = time.monotonic()
+    status, output = _in_worker(tmp_path, "rank-fails", True, 60)
+
+    assert status == 2
+    assert "rank 1 exited with status 2: stopping the others" in output
+    assert time.monotonic() - start < 30
+
+
+def test_a_check_past_its_timeout_is_stopped_with_its_children(tmp_path):
+    status, output = _in_worker(tmp_path, "hang", False, 3)
+
+    assert status == -1
+    assert output.startswith("timed out after 3 s")
+    grandchild = int((tmp_path / matrix.LONGEST_NAME / "grandchild").read_text())
+    time.sleep(0.5)
+    assert not _running(grandchild)
+
+
+def _running(pid: int) -> bool:
+    """Whether `pid` is alive (a zombie is not: it waits only for init to reap it)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+@pytest.mark.slow
+def test_run_matrix_checks_real_projects_in_forked_processes(tmp_path):
+    """The default combination and its ddp twin, rendered, linted and checked."""
+    only = ["task=classification", "tracker=none", "device=cpu", "precision=fp32"]
+    combos = matrix.select(matrix.combinations(), [*only, "grad_accum_steps=1", "compile=no"])
+    assert {c["distributed"] for c in combos} == {"none", "ddp"}
+
+    outcomes = matrix.run_matrix(combos, jobs=2, workdir=tmp_path, keep=True, timeout=600)
+
+    assert [o.passed for o in outcomes] == [True, True], [o.tail() for o in outcomes]
+    for i in range(len(outcomes)):
+        log = (tmp_path / f"{i:04d}" / "check.log").read_text()
+        assert "**Sanity:** overfit-one-batch loss" in log
+        assert "resume check matched: yes" in log
