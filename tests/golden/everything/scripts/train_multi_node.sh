@@ -10,6 +10,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+# torchrun keeps one store for all restarts unless told otherwise; a restarted group would read the
+# addresses the dead one left there and fail to connect ("Gloo connectFullMesh failed").
+export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 nproc="${NPROC_PER_NODE:-$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')}"
 exec torchrun --nnodes "${NNODES:?set NNODES}" --node-rank "${NODE_RANK:?set NODE_RANK}" \
     --nproc-per-node "$nproc" --rdzv-id "${RDZV_ID:-everything}" \

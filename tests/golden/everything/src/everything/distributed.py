@@ -37,11 +37,26 @@ def init_distributed(device_type: str) -> Dist:
         local_rank = int(os.environ["LOCAL_RANK"])
         if device_type == "cuda":
             torch.cuda.set_device(local_rank)
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, store=_group_store(), rank=rank, world_size=world_size)
     else:
         rank, world_size, local_rank = 0, 1, 0
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return Dist(rank, world_size, local_rank)
+
+
+def _group_store() -> dist.Store:
+    """torchrun's store, with keys of their own for each restart of a one-node group.
+
+    torchrun keeps one store for all its restarts: a restarted group would read the addresses the
+    dead group left there, dial a closed port and fail ("Gloo connectFullMesh failed ... Connection
+    refused"). On one node all workers share one restart count, which prefixes their keys. Across
+    nodes the counts can differ, so the launch scripts set TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1:
+    torchrun then starts a new store for every restart.
+    """
+    store, _, _ = next(dist.rendezvous("env://"))
+    if os.environ.get("GROUP_WORLD_SIZE", "1") == "1":
+        return dist.PrefixStore(f"restart-{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", store)
+    return store
 
 
 def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
