@@ -47,10 +47,18 @@ LONGEST_NAME = "a-long-project-name-to-fill-forty-chars1"
 # Smaller sizes for the checks in the matrix, passed as the project's own config options (each
 # group only where the project's Config has all its fields). The checks stay exactly as strict:
 # the same overfit target, the same bit-for-bit resume, the same loader-versus-compute
-# comparison. The MLP tasks' defaults are already small (their overfit passes in 4 steps; a
-# narrower MLP needs ~35); the transformer's take minutes on a CPU: one layer over 16
-# characters keeps its width (a narrower one needs 3x the overfit steps).
-CHECK_SIZES = ({"n_layer": 1, "block_size": 16, "batch_size": 8},)
+# comparison, the same steps (the resume check's follow from the accumulation, not the batch).
+# - Micro-batches of 8, the overfit check's batch: the compiled step is traced once for both,
+#   and fp16, which the CPU runs slowly, took 90 ms a step at 256 x 4 (9 s of checks, now 1).
+# - A validation split of 1%: each of the resume check's validations went over all of it (978
+#   windows of text, most of that check's time).
+# - The transformer's defaults take minutes on a CPU: one layer over 16 characters keeps its
+#   width (a narrower one needs 3x the overfit steps). The MLPs keep theirs (their overfit
+#   passes in 4 steps; a narrower MLP needs ~35).
+CHECK_SIZES = (
+    {"batch_size": 8, "val_fraction": 0.01},
+    {"n_layer": 1, "block_size": 16},
+)
 
 STEPS = ("render", "lint", "check")
 _TAIL_LINES = 40
@@ -331,9 +339,9 @@ def run_matrix(
 
     Each worker imports torch (and the rest of PRELOAD) once; each check then runs the project's
     `python -m <pkg> check all` in a process forked from that worker, ddp ones as two rank
-    processes started the way torchrun starts them. With `fresh` (or where fork is not safe),
-    each check is a fresh interpreter running that command, ddp ones under the project's own
-    torchrun.
+    processes started the way torchrun starts them. With `fresh`, or where forking is not safe
+    (macOS, Windows, a machine with a GPU), each check is a fresh interpreter running that
+    command, ddp ones under the project's own torchrun.
     """
     jobs = max(1, jobs or os.cpu_count() or 1)
     own_workdir = workdir is None
@@ -356,7 +364,7 @@ def run_matrix(
         initializer=_start_worker,
         initargs=(threads, fork, fork and any(c.get("compile") for c in combos)),
     ) as pool:
-        futures = {pool.submit(_run_one, job): i for i, job in enumerate(work)}
+        futures = {pool.submit(_run_one, work[i]): i for i in schedule(combos)}
         try:
             for future in concurrent.futures.as_completed(futures):
                 outcome = future.result()
@@ -369,6 +377,28 @@ def run_matrix(
     if own_workdir and not keep and all(o.passed for o in outcomes.values()):
         shutil.rmtree(workdir, ignore_errors=True)
     return [outcomes[i] for i in range(len(work))]
+
+
+# Compile combinations alike in these answers compile the same kernels (the tracker, the
+# accumulation and, with the checks on the CPU, the device leave the compiled model alone): the
+# first of each family fills the inductor cache.
+COMPILE_FAMILY = ("task", "distributed", "precision")
+
+
+def schedule(combos: Sequence[dict[str, Any]]) -> list[int]:
+    """The order combinations start in: the first compile combination of each family first
+    (each family's kernels compile once, while the other jobs compile other families), then
+    the rest in order, finding their kernels in the cache."""
+    seen: set[tuple[Any, ...]] = set()
+    first, rest = [], []
+    for i, answers in enumerate(combos):
+        family = tuple(answers.get(k) for k in COMPILE_FAMILY)
+        if answers.get("compile") and family not in seen:
+            seen.add(family)
+            first.append(i)
+        else:
+            rest.append(i)
+    return first + rest
 
 
 @dataclasses.dataclass
@@ -448,13 +478,21 @@ def _run_one(job: _Job) -> Outcome:
         return fail("lint", "\n".join(problems))
 
     start = time.perf_counter()
-    returncode, output = _run_check_forked(project, job) if job.fork else _run_check(project, job)
+    fork = job.fork and not _gpu_present()
+    returncode, output = _run_check_forked(project, job) if fork else _run_check(project, job)
     seconds["check"] = time.perf_counter() - start
     if returncode != 0:
         return fail("check", output)
     if not job.keep:
         shutil.rmtree(job.folder, ignore_errors=True)
     return Outcome(job.answers, True, "check", seconds, "", None)
+
+
+def _gpu_present() -> bool:
+    """Whether torch sees a GPU here: CUDA is not fork-safe once initialised (and rendering
+    has asked torch about the machine), so such a machine's checks start fresh interpreters."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available()
 
 
 def _run_check(project: Path, job: _Job) -> tuple[int, str]:

@@ -143,3 +143,16 @@ def test_run_matrix_checks_real_projects_in_forked_processes(tmp_path):
         log = (tmp_path / f"{i:04d}" / "check.log").read_text()
         assert "**Sanity:** overfit-one-batch loss" in log
         assert "resume check matched: yes" in log
+
+
+def test_each_compile_family_starts_once_before_the_rest():
+    combos = matrix.combinations()
+    order = matrix.schedule(combos)
+
+    assert sorted(order) == list(range(len(combos)))
+    families = {tuple(c[k] for k in matrix.COMPILE_FAMILY) for c in combos if c["compile"]}
+    first = [combos[i] for i in order[: len(families)]]
+    assert all(c["compile"] for c in first)
+    assert {tuple(c[k] for k in matrix.COMPILE_FAMILY) for c in first} == families
+    rest = order[len(families) :]
+    assert rest == sorted(rest)
