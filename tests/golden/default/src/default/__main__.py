@@ -43,11 +43,7 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         cfg = config_from_args(args)
         if args.command == "train":
-            summary = train(cfg)
-            print(
-                f"best val loss {summary['best_val_loss']:.4f} at step {summary['best_step']}; "
-                f"checkpoint {summary['best_checkpoint']}"
-            )
+            train(cfg)
             return 0
         if args.command == "check":
             return run_checks(cfg, args.which)

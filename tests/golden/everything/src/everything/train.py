@@ -108,7 +108,7 @@ def train_step(model, batches, optimizer, cfg: Config, device: torch.device, sca
     Returns the mean loss and the gradient norm as tensors: reading them (.item()) waits for the
     device, so the loop does that only on logging steps.
     """
-    loss_sum = torch.zeros((), device=device)
+    losses = []  # each micro-batch's share of the step's mean loss
     for i in range(cfg.grad_accum_steps):
         x, y = next(batches)
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
@@ -117,16 +117,16 @@ def train_step(model, batches, optimizer, cfg: Config, device: torch.device, sca
         with contextlib.nullcontext() if last else model.no_sync():
             with torch.autocast(device.type, dtype=AMP_DTYPE):
                 output = model(x)
-            loss = compute_loss(output, y)
-            scaler.scale(loss / cfg.grad_accum_steps).backward()
-        loss_sum += loss.detach()
+            loss = compute_loss(output, y) / cfg.grad_accum_steps
+            scaler.scale(loss).backward()
+        losses.append(loss.detach())
     params = [p for group in optimizer.param_groups for p in group["params"]]
     scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
     scaler.step(optimizer)  # skipped when the gradients overflowed; the scale then shrinks
     scaler.update()
     optimizer.zero_grad(set_to_none=True)
-    return loss_sum / cfg.grad_accum_steps, grad_norm
+    return sum(losses), grad_norm
 
 
 @torch.no_grad()
@@ -301,6 +301,8 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         "examples_per_s": examples / seconds if seconds > 0 else math.nan,
     }
     run.finish(summary)
+    best = summary["best_checkpoint"]
+    say(f"best val loss {state.best_val_loss:.4f} at step {state.best_step}; checkpoint {best}")
     return summary
 
 
