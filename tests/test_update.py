@@ -113,7 +113,7 @@ def test_answer_change_keeps_the_edit_and_brings_the_new_code(scaffold, tmp_path
     assert ran.exit_code == 0, ran.stderr
     assert "precision: fp32 -> bf16" in ran.stdout and "Updated" in ran.stdout
     owner_work_is_intact(project)
-    assert "AMP_DTYPE = torch.bfloat16" in (project / "src/demo/train.py").read_text()
+    assert "AMP_DTYPE = torch.bfloat16" in (project / "src/demo/engine.py").read_text()
     assert saved_answers(project)["precision"] == "bf16"
     merged_the_pristine_branch(project)
 
@@ -234,7 +234,7 @@ def test_edit_on_the_same_lines_conflicts_with_markers(scaffold, tmp_path, templ
 
 
 def _unstaged(project):
-    replace_once(project / CONFIG, r"n_layers: int = \d+", "n_layers: int = 5")
+    replace_once(project / CONFIG, r"n_layers: int = fixed\(\d+\)", "n_layers: int = fixed(5)")
 
 
 def _staged(project):
@@ -247,7 +247,7 @@ def _merge_in_progress(project):
     _staged(project)
     git(project, "-c", "user.name=O", "-c", "user.email=o@o", "commit", "-qm", "five layers")
     git(project, "checkout", "-q", "-")
-    replace_once(project / CONFIG, r"n_layers: int = \d+", "n_layers: int = 7")
+    replace_once(project / CONFIG, r"n_layers: int = fixed\(\d+\)", "n_layers: int = fixed(7)")
     git(project, "-c", "user.name=O", "-c", "user.email=o@o", "commit", "-qam", "seven layers")
     merge = subprocess.run(["git", "merge", "other"], cwd=project, capture_output=True)
     assert merge.returncode == 1

@@ -1,7 +1,7 @@
 """The command line: train, check, inspect-data.
 
     python -m default train [--data FILE] [--run-dir DIR] [--max-steps N] ...
-    python -m default check [all|overfit|resume|loader] [train's options]
+    python -m default check [all|overfit|batch|init|loader|resume] ...
     python -m default inspect-data [--data FILE]
     python -m default plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
     python -m default report RUN_DIR
@@ -25,8 +25,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog=f"python -m {__package__}", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     add_config_arguments(commands.add_parser("train", help="train, or resume the run in --run-dir"))
-    check = commands.add_parser("check", help="prove the training code: overfit, resume, loader")
-    check.add_argument("which", nargs="?", default="all", choices=["all", "overfit", "resume", "loader"])
+    check = commands.add_parser("check", help="prove the training code: overfit, batch, init, loader, resume")
+    choices = ["all", "overfit", "batch", "init", "loader", "resume"]
+    check.add_argument("which", nargs="?", default="all", choices=choices)
     add_config_arguments(check)
     add_config_arguments(commands.add_parser("inspect-data", help="shapes, labels and examples of the data"))
     plotter = commands.add_parser("plot", help="loss and metric curves of runs, overlaid")

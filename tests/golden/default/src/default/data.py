@@ -5,6 +5,21 @@
 
 Inputs: a .npz with arrays `x` (examples, features) and `y` (integer labels), or a .csv with a
 header row, numeric columns, and the integer label in the last column.
+
+What the rest of the project needs from `data.py` (the loop, the checks and `inspect-data` use
+nothing else, so a dataset of your own works if it keeps to this):
+
+- `load_splits(cfg) -> Splits`, whose `train` and `val` are map-style datasets of single
+  examples: `len(ds)`, and `ds[i] -> (input, target)` as tensors (an ImageFolder-style dataset
+  is one). The validation split is never trained on and is the same for every --seed.
+- Optionally `ds.__getitems__(indices)`: a whole batch at once (an int64 tensor of indices in,
+  the stacked `(inputs, targets)` out), which keeps in-memory data fast.
+- Randomness inside a sample (augmentation, random crops) drawn from
+  `loader.sample_rng(seed, self.epoch, i)`, never from the global RNGs: the loader sets
+  `ds.epoch` before each batch, so the numbers stay the same for any number of workers and
+  after a resume. Open files in `__getitem__`, not in `__init__`: each worker has its own copy.
+- `Splits.describe()`: the facts a resumed run must see again; `summarize(splits)`: what
+  `inspect-data` prints; `DataError` for input that cannot be used.
 """
 
 import csv
@@ -17,6 +32,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .config import Config
+from .loader import read_batch
 
 SPLIT_SEED = 20240601  # fixed, so every run (whatever its --seed) validates on the same examples
 
@@ -26,7 +42,7 @@ class DataError(ValueError):
 
 
 class FeatureDataset(Dataset):
-    """In-memory features and labels, indexed by a whole batch of indices at once."""
+    """In-memory features and targets: one example by `ds[i]`, a whole batch by `__getitems__`."""
 
     def __init__(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.x = x  # (N, F) float32
@@ -35,8 +51,11 @@ class FeatureDataset(Dataset):
     def __len__(self) -> int:
         return len(self.y)
 
-    def __getitem__(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.x[indices], self.y[indices]
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[i], self.y[i]
+
+    def __getitems__(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.x[indices], self.y[indices]  # one gather per batch, not one per example
 
 
 def digest(*arrays: np.ndarray) -> str:
@@ -48,12 +67,10 @@ def digest(*arrays: np.ndarray) -> str:
 
 
 def split_indices(n: int, cfg: Config, source: str) -> tuple[np.ndarray, np.ndarray]:
-    """Train and validation indices: a fixed validation subset, and --max-train-examples of the rest."""
+    """Train and validation indices: a fixed validation subset, and the rest."""
     order = np.random.default_rng(SPLIT_SEED).permutation(n)
     n_val = max(1, round(n * cfg.val_fraction))
     val_idx, train_idx = order[:n_val], order[n_val:]
-    if cfg.max_train_examples:
-        train_idx = train_idx[: cfg.max_train_examples]
     if len(train_idx) < cfg.batch_size:
         raise DataError(
             f"{source}: the training split has {len(train_idx)} examples, "
@@ -191,19 +208,21 @@ def _targets(path: Path, y: np.ndarray) -> np.ndarray:
     return y.astype(np.int64)
 
 
-def summarize(splits: Splits, n_samples: int = 5) -> str:
-    """A readable summary of the splits: shapes, dtypes, label counts and a few examples."""
+def summarize(splits: Splits, n_samples: int = 5, n_stats: int = 10_000) -> str:
+    """Shapes, dtypes, label counts and a few examples, read as the loader reads them."""
     lines = [f"source: {splits.source}"]
     for name, ds in (("train", splits.train), ("val", splits.val)):
-        counts = torch.bincount(ds.y, minlength=splits.n_classes).tolist()
+        x, y = read_batch(ds, torch.arange(min(len(ds), n_stats)))
+        counts = torch.bincount(y, minlength=splits.n_classes).tolist()
+        shown = f" (first {len(y):,})" if len(y) < len(ds) else ""
         lines.append(
-            f"{name}: x {tuple(ds.x.shape)} {ds.x.dtype}, y {tuple(ds.y.shape)} {ds.y.dtype}, "
-            f"label counts {dict(enumerate(counts))}"
+            f"{name}: {len(ds):,} examples, x {tuple(x.shape[1:])} {x.dtype}, y {y.dtype}; "
+            f"label counts{shown} {dict(enumerate(counts))}"
         )
-    x = splits.train.x
+    x, y = read_batch(splits.train, torch.arange(min(len(splits.train), n_stats)))
     lines.append(f"features: mean {x.mean():.4g}, std {x.std():.4g}, min {x.min():.4g}, max {x.max():.4g}")
-    for i in range(min(n_samples, len(splits.train))):
-        features = ", ".join(f"{v:.3g}" for v in splits.train.x[i, :8].tolist())
-        more = ", ..." if splits.n_features > 8 else ""
-        lines.append(f"  example {i}: label {int(splits.train.y[i])}  x [{features}{more}]")
+    for i in range(min(n_samples, len(y))):
+        features = ", ".join(f"{v:.3g}" for v in x[i, :8].tolist())
+        more = ", ..." if x.shape[1] > 8 else ""
+        lines.append(f"  example {i}: label {int(y[i])}  x [{features}{more}]")
     return "\n".join(lines)

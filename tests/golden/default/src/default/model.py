@@ -1,5 +1,7 @@
 """The model, its loss and its validation metrics: an MLP that returns class logits."""
 
+import math
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -45,12 +47,23 @@ def build_model(cfg: Config, splits: Splits) -> MLP:
 
 
 def compute_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy in fp32, whatever precision the model ran in."""
+    """The loss, defined here only: training minimises it and validation averages it over examples.
+    Cross-entropy in fp32, whatever precision the model ran in."""
     return F.cross_entropy(logits.float(), y)  # logits (B, C), y (B,)
 
 
+def initial_loss(splits: Splits) -> float:
+    """What compute_loss should be before training: ln C, as a model that knows nothing spreads its
+    probability evenly over the C classes. Far above it: a wrong output layer or misread labels."""
+    return math.log(splits.n_classes)
+
+
 def overfit_target(first_loss: float) -> float:
-    """The loss that `check overfit` must reach on one batch of 8 examples."""
+    """The loss `check overfit` must reach on one batch of 8 examples: near zero, for a loss whose
+    minimum is 0. If you change compute_loss so that its minimum is above 0 (label smoothing,
+    a penalty term added to it), add that floor here, or the check fails a sound model: label
+    smoothing e over C classes, for example, cannot go below the entropy of its smoothed targets,
+    -(1 - e + e / C) ln(1 - e + e / C) - (C - 1) (e / C) ln(e / C)."""
     return max(0.05, 0.02 * first_loss)
 
 
@@ -62,9 +75,9 @@ class Metrics:
         self.sums = torch.zeros(2, device=device)  # cross-entropy, correct predictions
         self.count = torch.zeros((), device=device, dtype=torch.long)
 
-    def update(self, logits: torch.Tensor, y: torch.Tensor) -> None:
-        loss = F.cross_entropy(logits.float(), y, reduction="sum")
-        self.sums += torch.stack([loss, (logits.argmax(dim=-1) == y).sum().float()])
+    def update(self, logits: torch.Tensor, y: torch.Tensor, loss: torch.Tensor) -> None:
+        """Adds one batch; `loss` is compute_loss of the batch (its mean over the examples)."""
+        self.sums += torch.stack([loss * len(y), (logits.argmax(dim=-1) == y).sum().float()])
         self.count += len(y)
 
     def compute(self) -> dict[str, float]:

@@ -1,31 +1,26 @@
-"""The training loop: setup, data, model, optimizer, loop, checkpoints.
+"""The training loop: data, the engine (engine.py), the loop with validation, checkpoints.
 
     python -m default train  # synthetic data, into runs/default
-    python -m default train --data features.csv --run-dir runs/exp1
+    python -m default train --data path/to/table.csv --run-dir runs/exp1
 
 Run it again with the same --run-dir to resume from the newest valid checkpoint: the run continues
 exactly as if it had never stopped.
 """
 
 import math
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
-import torch
 from tqdm import tqdm
 
 from .checkpoint import CheckpointDir, rng_state, set_rng_state
-from .config import RESUME_FIXED, Config, ConfigError
+from .config import EVAL_EVERY_MAX, RESUME_FIXED, Config, ConfigError
 from .data import Splits, load_splits
-from .loader import build_loaders
-from .model import Metrics, build_model, compute_loss
+from .engine import PRECISION, Engine, evaluate, setup, train_step
+from .loader import EpochBatches, build_loaders
 from .runlog import RunLog
-
-PRECISION = "fp32"
 
 
 class TrainingError(RuntimeError):
@@ -42,76 +37,7 @@ class TrainState:
     evals_since_best: int = 0  # for early stopping
 
 
-def setup(cfg: Config) -> torch.device:
-    device = torch.device(cfg.device)
-    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
-    if not available[device.type]:
-        raise ConfigError(f"--device {cfg.device} is not available here: --device cpu runs anywhere")
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True)
-        torch.set_num_threads(1)  # CPU reductions then add in one fixed order
-    random.seed(cfg.seed)
-    np.random.seed(cfg.seed)
-    torch.manual_seed(cfg.seed)
-    return device
-
-
-def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.AdamW:
-    """AdamW that decays weight matrices only: biases and norm gains are left alone."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)  # fused kernels: cpu, cuda and mps
-
-
-def lr_factor(cfg: Config):
-    """Linear warmup to cfg.lr, then cosine decay to cfg.min_lr at max_steps."""
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
-        floor = cfg.min_lr / cfg.lr
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def train_step(model, batches, optimizer, cfg: Config, device: torch.device):
-    """One optimizer step over cfg.grad_accum_steps micro-batches.
-
-    Returns the mean loss and the gradient norm as tensors: reading them (.item()) waits for the
-    device, so the loop does that only on logging steps.
-    """
-    losses = []  # each micro-batch's share of the step's mean loss
-    for _ in range(cfg.grad_accum_steps):
-        x, y = next(batches)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        loss = compute_loss(model(x), y) / cfg.grad_accum_steps
-        loss.backward()
-        losses.append(loss.detach())
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    return sum(losses), grad_norm
-
-
-@torch.no_grad()
-def evaluate(model, loader, splits: Splits, device: torch.device) -> dict[str, float]:
-    """The loss and the task's metrics over the whole validation split."""
-    model.eval()
-    metrics = Metrics(splits, device)
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        metrics.update(model(x), y)
-    model.train()
-    return metrics.compute()
-
-
-def micro_batches(loader, sampler, state: TrainState):
+def micro_batches(loader, sampler: EpochBatches, state: TrainState):
     """Training batches without end; keeps state.epoch and state.batch_in_epoch current."""
     while True:
         sampler.set_epoch(state.epoch, start=state.batch_in_epoch)
@@ -120,6 +46,25 @@ def micro_batches(loader, sampler, state: TrainState):
             yield batch
         state.epoch += 1
         state.batch_in_epoch = 0
+
+
+def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
+    """Steps between validations, and one line saying what was chosen and why.
+
+    On a small data set an epoch is a few steps and the model can overfit long before a fixed
+    eval_every comes round: with --eval-every 0 it validates every epoch (at most EVAL_EVERY_MAX
+    steps apart), so early stopping and best.pt see the best point.
+    """
+    steps_per_epoch = max(1, sampler.batches_per_epoch() // cfg.grad_accum_steps)
+    size = f"{sampler.n_examples:,} training examples make {steps_per_epoch:,} steps an epoch"
+    if cfg.eval_every:
+        every, why = cfg.eval_every, "as --eval-every asks"
+    elif steps_per_epoch <= EVAL_EVERY_MAX:
+        every, why = steps_per_epoch, "once an epoch"
+    else:
+        every, why = EVAL_EVERY_MAX, f"every {EVAL_EVERY_MAX} steps, as epochs are long"
+    stop = f"early stop after {cfg.patience} without improvement" if cfg.patience else "no early stop"
+    return every, f"plan: {size}: validating every {every} steps ({why}), {stop}, best.pt kept"
 
 
 def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
@@ -145,53 +90,49 @@ def train(cfg: Config, quiet: bool = False) -> dict:
     """Trains (or resumes) the run in cfg.run_dir; returns where it ended and its best validation."""
     device = setup(cfg)
     splits = load_splits(cfg)
-    model = build_model(cfg, splits).to(device)
-    optimizer = build_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
+    engine = Engine(cfg, splits, device)
     state = TrainState()
     run = RunLog(Path(cfg.run_dir))
-    say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
     checkpoints = CheckpointDir(run.dir / "checkpoints", cfg.keep_last)
+    say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
     latest = checkpoints.load_latest()
     if latest is None:
         run.start(cfg, splits.describe(), PRECISION)
     else:
         path, checkpoint = latest
         check_resumable(checkpoint, cfg, splits)
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
+        engine.load_state_dict(checkpoint)
         state = TrainState(**checkpoint["state"])
         run.resume(state.step, path)
         say(f"resuming from {path} at step {state.step}")
-    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_params = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
     say(f"model: {n_params:,} trainable parameters; device {device}, precision {PRECISION}")
     say(f"data: {splits.source}, {len(splits.train):,} train / {len(splits.val):,} val examples")
     train_loader, val_loader, sampler = build_loaders(splits, cfg, device)
+    eval_every, plan = validation_schedule(cfg, sampler)
+    say(plan)
     batches = micro_batches(train_loader, sampler, state)
     if latest is not None:
         set_rng_state(checkpoint["rng"])  # last: nothing above may consume the restored streams
 
     def payload() -> dict:
         return {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
+            **engine.state_dict(),
             "state": asdict(state),
             "rng": rng_state(),
             "config": asdict(cfg),
             "data": splits.describe(),
         }
 
-    model.train()
+    engine.model.train()
     examples_per_step = cfg.grad_accum_steps * cfg.batch_size
     progress = Progress(cfg.max_steps, state.step, examples_per_step, quiet)
     started, first_step, stop = time.perf_counter(), state.step, False
     try:
         while state.step < cfg.max_steps and not stop:
-            lr = scheduler.get_last_lr()[0]
-            loss, grad_norm = train_step(model, batches, optimizer, cfg, device)
-            scheduler.step()
+            lr = engine.scheduler.get_last_lr()[0]
+            loss, grad_norm = train_step(engine, batches, cfg, device)
+            engine.scheduler.step()
             state.step += 1
             progress.update()
             last = state.step == cfg.max_steps
@@ -205,8 +146,8 @@ def train(cfg: Config, quiet: bool = False) -> dict:
                     )
                 run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
                 progress.log(state.step, loss, lr, grad_norm)
-            if state.step % cfg.eval_every == 0 or last:
-                metrics = evaluate(model, val_loader, splits, device)
+            if state.step % eval_every == 0 or last:
+                metrics = evaluate(engine, val_loader, splits, device)
                 run.log(step=state.step, split="val", **metrics)
                 improved = metrics["loss"] < state.best_val_loss
                 if improved:

@@ -1,46 +1,46 @@
-"""Built-in checks that prove the training code before anyone spends hours on it.
+"""Built-in checks that prove the training code, and your edits to it, before a long run.
 
-    python -m everything check all      # all three, then the summary
+    python -m everything check all      # every check, then the summary
     python -m everything check overfit  # memorises one batch of 8
-    python -m everything check resume   # the same losses, bit for bit
+    python -m everything check batch    # examples do not mix
+    python -m everything check init     # the loss at init is as expected
     python -m everything check loader   # loading keeps up with training
+    python -m everything check resume   # the same losses, bit for bit
 
 Exit status 0 only if every check run passes. Each check takes the same options as `train`
-(--data, --device, ...) and writes its runs under runs/check/.
+(--data, --device, ...), draws its batches through the training loader, and writes its runs
+under runs/check/.
 """
 
-import functools
-import itertools
 import json
 import math
 import os
-import random
-import shutil
 import socket
 import subprocess
 import sys
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from .checkpoint import load
 from .config import Config
 from .data import load_splits
-from .distributed import all_reduce_sum, barrier, init_distributed
-from .loader import build_loaders
-from .model import build_model, compute_loss, overfit_target
-from .runlog import PROJECT, git_state, read_metrics
-from .train import TrainState, build_optimizer, micro_batches, setup, train, train_step, wrap
+from .distributed import all_reduce_sum, init_distributed
+from .engine import Engine, setup, train_step
+from .loader import EpochDataset
+from .model import compute_loss, initial_loss, overfit_target
+from .resume_check import resume_matches
+from .runlog import PROJECT, git_state
+from .timing import time_loader
 
 OVERFIT_EXAMPLES = 8
 OVERFIT_MAX_STEPS = 300
-LOADER_BATCHES = 200  # batches timed when iterating the loader alone
-WINDOW_STEPS = 30  # optimizer steps timed with compute alone and with real loading
-ROUNDS = 4  # alone, loading and compute are each timed in rounds; the fastest round counts
+OVERFIT_WARMUP = 10  # steps: the run's long warmup would spend the check's steps at a tiny rate
+BATCH_CHECK_EXAMPLES = 4  # examples whose outputs are tested for dependence on each other
+INIT_LOSS_FACTOR = 1.5  # the loss at init may differ from initial_loss() by this factor either way
+INIT_BATCHES = 4  # training batches averaged for the loss at initialisation
 LOADER_WARN_SHARE = 0.10
+CHECKS = ("overfit", "batch", "init", "loader", "resume")  # in the order `check all` runs them
 
 
 @dataclass
@@ -55,33 +55,41 @@ class CheckResult:
         return f"{self.name}: {'PASS' if self.passed else 'FAIL'}: {self.detail}"
 
 
+def first_batches(splits, device: torch.device, size: int, count: int = 1) -> list:
+    """The first `count` batches of `size` training examples, in order, read as the loader reads
+    them (`__getitems__`, or one `dataset[i]` at a time), on the device."""
+    dataset = EpochDataset(splits.train)
+    count = min(count, len(dataset) // size)
+    batches = [dataset.__getitems__((0, torch.arange(i * size, (i + 1) * size))) for i in range(count)]
+    return [tuple(t.to(device) for t in batch) for batch in batches]
+
+
 def check_overfit(cfg: Config) -> CheckResult:
     """A model that cannot memorise 8 examples has a bug: its loss must fall to model.overfit_target."""
     device = setup(cfg)
     splits = load_splits(cfg)
-    model = build_model(cfg, splits).to(device)
-    optimizer = build_optimizer(model, cfg)
-    scaler = torch.amp.GradScaler(device.type)
-    x, y = splits.train[torch.arange(OVERFIT_EXAMPLES)]
-    x, y = x.to(device), y.to(device)
+    cfg = replace(cfg, warmup_steps=min(cfg.warmup_steps, OVERFIT_WARMUP))
+    engine = Engine(cfg, splits, device)
+    [(x, y)] = first_batches(splits, device, OVERFIT_EXAMPLES)
 
-    compute_loss(model(x), y).backward()
+    compute_loss(engine.model(x), y).backward()
     no_grad = [
         name
-        for name, p in model.named_parameters()
+        for name, p in engine.model.named_parameters()
         if p.requires_grad and (p.grad is None or not torch.isfinite(p.grad).all())
     ]
-    optimizer.zero_grad(set_to_none=True)
+    engine.optimizer.zero_grad(set_to_none=True)
     if no_grad:
         return CheckResult("overfit", False, f"no finite gradient reaches {', '.join(no_grad)}")
 
-    forward = wrap(model, cfg, device)
-    batches = itertools.repeat((x, y))
     first = target = None
     for step in range(1, OVERFIT_MAX_STEPS + 1):
-        loss, _ = train_step(forward, batches, optimizer, cfg, device, scaler)
-        # Ranks draw different dropout masks: they stop on their mean loss, all at the same step.
-        loss = (all_reduce_sum(loss) / init_distributed(device.type).world_size).item()
+        train_step(engine, _repeat((x, y)), cfg, device)
+        engine.scheduler.step()
+        with torch.no_grad():  # memorised means so without dropout, as the model predicts
+            loss = compute_loss(engine.model.eval()(x), y)
+        engine.model.train()
+        loss = (all_reduce_sum(loss) / init_distributed(device.type).world_size).item()  # stop together
         if not math.isfinite(loss):
             return CheckResult("overfit", False, f"loss became {loss} at step {step}: lower --lr", loss)
         if first is None:
@@ -89,103 +97,78 @@ def check_overfit(cfg: Config) -> CheckResult:
         if loss <= target:
             break
     detail = f"loss {first:.4f} -> {loss:.4g} in {step} steps (target <= {target:.4g})"
+    if loss > target:
+        detail += "; a loss whose minimum is above 0 (label smoothing, say) needs it in overfit_target"
     return CheckResult("overfit", loss <= target, detail, loss)
 
 
-def check_resume(cfg: Config, work: Path) -> CheckResult:
-    """Trains 2N steps with a checkpoint at N, resumes a copy from that checkpoint, compares.
-
-    N falls mid-epoch, an epoch boundary and validations lie between N and 2N, and loader
-    workers are on, so every piece of state a resume needs is exercised.
-    """
+def check_batch_independence(cfg: Config) -> CheckResult:
+    """Example i's loss must not depend on example j's input: a reshape or a reduction over the
+    wrong dimension mixes examples, and still trains. Tested with the model in eval mode, so the
+    batch statistics of BatchNorm (a dependence by design) are not counted."""
+    device = setup(cfg)
     splits = load_splits(cfg)
-    micro_per_epoch = min(len(splits.train), cfg.batch_size * cfg.grad_accum_steps * 8) // cfg.batch_size
-    n = _resume_point(micro_per_epoch, cfg.grad_accum_steps)
-    base = replace(
-        cfg,
-        max_train_examples=micro_per_epoch * cfg.batch_size,
-        max_steps=2 * n,
-        warmup_steps=n // 3,
-        ckpt_every=n,
-        eval_every=n // 2 + 1,
-        log_every=1,
-        keep_last=2,
-        patience=0,
-        num_workers=max(1, cfg.num_workers),
-        deterministic=True,
-    )
-    is_main = init_distributed(torch.device(cfg.device).type).is_main
-    if is_main:
-        shutil.rmtree(work, ignore_errors=True)
-    barrier()
-    first, second = work / "uninterrupted", work / "resumed"
-    train(replace(base, run_dir=str(first)), quiet=True)
+    model = Engine(cfg, splits, device).model.eval()
+    batches = first_batches(splits, device, BATCH_CHECK_EXAMPLES, count=2)
+    x, y = batches[0]
+    n = len(x)
+    if x.is_floating_point():
+        method, leaks = "gradient of each example's loss", []
+        for i in (0, n - 1):
+            inputs = x.clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(compute_loss(model(inputs)[i : i + 1], y[i : i + 1]), inputs)
+            leaks += [(i, j) for j in range(n) if j != i and grad[j].abs().max() > 0]
+    else:  # token ids have no gradient: change the other examples' inputs instead
+        method, leaks = "outputs with the other inputs changed", []
+        other = batches[-1][0].roll(1, dims=0) if len(batches) > 1 else x.roll(1, dims=0)
+        with torch.no_grad():
+            output = model(x)
+            for i in (0, n - 1):
+                changed = other.clone()
+                changed[i] = x[i]
+                moved = (model(changed)[i] - output[i]).abs().max()
+                leaks += [(i, "others")] if moved > 1e-5 * (1 + output[i].abs().max()) else []
+    detail = f"{method} over a batch of {n}, model in eval mode (BatchNorm's batch statistics not counted): "
+    if leaks:
+        i, j = leaks[0]
+        detail += f"example {i}'s loss depends on example {j}'s input: something mixes the batch dimension"
+    else:
+        detail += "no example depends on another"
+    return CheckResult("batch", not leaks, detail)
 
-    # The run as a crash right after step N's checkpoint would leave it: the records past step N
-    # are in metrics.jsonl (they must be dropped on resume), the later checkpoints are not.
-    barrier()  # rank 0 has written everything
-    if is_main:
-        shutil.copytree(first, second)
-        for path in (second / "checkpoints").iterdir():
-            if path.name != f"step-{n:08d}.pt":
-                path.unlink()
-    barrier()
-    _scramble_global_rngs()
-    train(replace(base, run_dir=str(second)), quiet=True)
-    barrier()
 
-    expected = [r["loss"] for r in read_metrics(first) if r["split"] == "train"]
-    got = [r["loss"] for r in read_metrics(second) if r["split"] == "train"]
-    same_losses = got == expected and len(got) == 2 * n
-    end = f"checkpoints/step-{2 * n:08d}.pt"
-    a, b = load(first / end), load(second / end)
-    same_state = _equal(a["model"], b["model"]) and _equal(a["optimizer"], b["optimizer"])
-    equal = sum(x == y for x, y in zip(expected[n:], got[n:], strict=False))
-    detail = (
-        f"checkpoint at step {n} of {2 * n}; losses of steps {n + 1}-{2 * n}: {equal}/{n} equal; "
-        f"{len(got)} train records for {2 * n} steps; final model and optimizer "
-        + ("equal" if same_state else "DIFFER")
-    )
-    return CheckResult("resume", same_losses and same_state, detail)
+def check_initial_loss(cfg: Config) -> CheckResult:
+    """Before training the loss has a known value (model.initial_loss): ln C for C classes, say.
+    A wrong output layer, a missing log-softmax or targets on the wrong scale show here first."""
+    device = setup(cfg)
+    splits = load_splits(cfg)
+    model = Engine(cfg, splits, device).model.eval()
+    with torch.no_grad():
+        batches = first_batches(splits, device, cfg.batch_size, INIT_BATCHES)
+        losses = [compute_loss(model(x), y).item() for x, y in batches]
+    got, expected = sum(losses) / len(losses), initial_loss(splits)
+    passed = expected / INIT_LOSS_FACTOR <= got <= expected * INIT_LOSS_FACTOR
+    detail = f"loss at initialisation {got:.4g}, expected about {expected:.4g} (model.initial_loss)"
+    if not passed:
+        detail += f": over {INIT_LOSS_FACTOR}x off; check the output layer, the loss and the targets"
+    return CheckResult("init", passed, detail, got)
 
 
 def check_loader(cfg: Config) -> CheckResult:
-    """Times the loader alone, a training step alone, and both together."""
-    device = setup(cfg)
-    splits = load_splits(cfg)
-    group = init_distributed(device.type)
-    loader, _, sampler = build_loaders(splits, cfg, device, group.rank, group.world_size)
-    batches = micro_batches(loader, sampler, TrainState())
-    for _ in range(10):  # start the workers and fill their queues
-        next(batches)
-    load_per_batch = min(_time_batches(batches, LOADER_BATCHES // ROUNDS) for _ in range(ROUNDS))
-
-    model = build_model(cfg, splits).to(device)
-    optimizer = build_optimizer(model, cfg)
-    scaler = torch.amp.GradScaler(device.type)
-    model = wrap(model, cfg, device)
-    step = functools.partial(train_step, model, optimizer=optimizer, cfg=cfg, device=device, scaler=scaler)
-    on_device = [tuple(t.to(device) for t in next(batches)) for _ in range(cfg.grad_accum_steps)]
-    fixed = itertools.cycle(on_device)
-    _time_steps(step, fixed, device, 3)  # warm-up (and compilation)
-    compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
-    waits: list[float] = []
-    window = _time_steps(step, _timed(batches, waits), device, WINDOW_STEPS)
-    share = sum(waits) / (window * WINDOW_STEPS)
-    throughput = cfg.batch_size * cfg.grad_accum_steps / window
-    load_per_step = load_per_batch * cfg.grad_accum_steps
-    passed = load_per_step <= compute
+    """Data loading must not be the bottleneck: the loader alone must keep up with a step."""
+    timing = time_loader(cfg)
+    passed = timing.load_per_step <= timing.step
     detail = (
-        f"loader alone {cfg.batch_size / load_per_batch:,.0f} samples/s "
-        f"({load_per_step * 1e3:.2f} ms a step), "
-        f"training step {compute * 1e3:.2f} ms; with real loading {throughput:,.0f} samples/s, "
-        f"{share:.1%} of the time waiting for data (num_workers={cfg.num_workers})"
+        f"loader alone {timing.samples_per_s_alone:,.0f} samples/s "
+        f"({timing.load_per_step * 1e3:.2f} ms a step), training step {timing.step * 1e3:.2f} ms; "
+        f"with real loading {timing.samples_per_s:,.0f} samples/s, "
+        f"{timing.wait_share:.1%} of the time waiting for data (num_workers={cfg.num_workers})"
     )
     if not passed:
         detail += ": loading is the bottleneck; raise --num-workers or move work out of the main process"
-    elif share > LOADER_WARN_SHARE:
+    elif timing.wait_share > LOADER_WARN_SHARE:
         detail += f": warning, over {LOADER_WARN_SHARE:.0%}; try more --num-workers"
-    return CheckResult("loader", passed, detail, share, throughput)
+    return CheckResult("loader", passed, detail, timing.wait_share, timing.samples_per_s)
 
 
 def run_checks(cfg: Config, which: str) -> int:
@@ -211,24 +194,27 @@ def _run(cfg: Config, which: str, main: bool) -> int:
     """Every rank runs the checks; rank 0 reports, and its exit status fails torchrun if one failed."""
     say = print if main else lambda line: None
     work = Path(cfg.run_dir).parent / "check"
-    results = []
-    if which in ("overfit", "all"):
-        results.append(check_overfit(cfg))
-        say(results[-1].line())
-    if which in ("loader", "all"):  # before resume, which pins one thread for exactness
-        results.append(check_loader(cfg))
-        say(results[-1].line())
-    if which in ("resume", "all"):
-        results.append(check_resume(cfg, work / "resume"))
-        say(results[-1].line())
+    checks = {  # the loader before resume, which pins one thread for exactness
+        "overfit": lambda: check_overfit(cfg),
+        "batch": lambda: check_batch_independence(cfg),
+        "init": lambda: check_initial_loss(cfg),
+        "loader": lambda: check_loader(cfg),
+        "resume": lambda: CheckResult("resume", *resume_matches(cfg, work / "resume")),
+    }
+    results = {}
+    for name, check in checks.items():
+        if which in (name, "all"):
+            results[name] = check()
+            say(results[name].line())
     if which == "all":
-        by_name = {r.name: r for r in results}
         summary = {
-            "overfit_loss": by_name["overfit"].value,
-            "resume_matched": by_name["resume"].passed,
-            "loader_share": by_name["loader"].value,
-            "samples_per_s": by_name["loader"].samples_per_s,
-            "passed": all(r.passed for r in results),
+            "overfit_loss": results["overfit"].value,
+            "resume_matched": results["resume"].passed,
+            "loader_share": results["loader"].value,
+            "samples_per_s": results["loader"].samples_per_s,
+            "initial_loss": results["init"].value,
+            "checks": {name: r.passed for name, r in results.items()},
+            "passed": all(r.passed for r in results.values()),
         }
         if main:
             (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")  # for `report`
@@ -238,58 +224,30 @@ def _run(cfg: Config, which: str, main: bool) -> int:
             f"**Run:** {PROJECT} commit {commit}, config {work / 'resume' / 'uninterrupted' / 'run.json'}, "
             f"seed {cfg.seed}, torch {torch.__version__}"
         )
+        say(f"**Sanity:** {sanity(summary)}")
         say(
-            f"**Sanity:** overfit-one-batch loss {by_name['overfit'].value:.4g}; "
-            f"resume check matched: {'yes' if by_name['resume'].passed else 'no'}"
-        )
-        say(
-            f"**Throughput:** {by_name['loader'].samples_per_s:,.0f} samples/s, "
+            f"**Throughput:** {results['loader'].samples_per_s:,.0f} samples/s, "
             f"GPU util {_gpu_utilization(torch.device(cfg.device))}, "
-            f"data-loader time share {by_name['loader'].value:.1%}"
+            f"data-loader time share {results['loader'].value:.1%}"
         )
-    return 0 if all(r.passed for r in results) else 1
+    return 0 if all(r.passed for r in results.values()) else 1
 
 
-def _resume_point(micro_per_epoch: int, accum: int) -> int:
-    """The first N >= 10 steps that ends mid-epoch with an epoch boundary before step 2N."""
-    for n in itertools.count(10):
-        start, end = n * accum, 2 * n * accum
-        if start % micro_per_epoch and (start // micro_per_epoch + 1) * micro_per_epoch < end:
-            return n
-    raise AssertionError("unreachable")
+def sanity(summary: dict) -> str:
+    """The Sanity line of the summary: every check's result (`report` prints it too)."""
+    checks = summary.get("checks", {})  # absent from the summaries of older projects
+    verdict = {name: "pass" if checks[name] else "FAIL" if name in checks else "n/a" for name in CHECKS}
+    return (
+        f"overfit-one-batch loss {summary['overfit_loss']:.4g}; "
+        f"resume check matched: {'yes' if summary['resume_matched'] else 'no'}; "
+        f"batch independence {verdict['batch']}; loss at init {summary.get('initial_loss', math.nan):.4g} "
+        f"({verdict['init']}); loader {verdict['loader']}"
+    )
 
 
-def _time_batches(batches, count: int) -> float:
-    """Seconds per batch drawn from the loader alone."""
-    start = time.perf_counter()
-    for _ in range(count):
-        next(batches)
-    return (time.perf_counter() - start) / count
-
-
-def _time_steps(step, batches, device: torch.device, count: int) -> float:
-    """Seconds per optimizer step."""
-    _synchronize(device)
-    start = time.perf_counter()
-    for _ in range(count):
-        step(batches)
-    _synchronize(device)
-    return (time.perf_counter() - start) / count
-
-
-def _timed(batches, waits: list[float]):
-    """Passes batches through, recording how long each took to arrive."""
+def _repeat(batch):
     while True:
-        start = time.perf_counter()
-        batch = next(batches)
-        waits.append(time.perf_counter() - start)
         yield batch
-
-
-def _synchronize(device: torch.device) -> None:
-    """Waits for queued device work, so that timings measure it (the CPU runs ops in order)."""
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)
 
 
 def _gpu_utilization(device: torch.device) -> str:
@@ -299,21 +257,3 @@ def _gpu_utilization(device: torch.device) -> str:
         return f"{torch.cuda.utilization(device)}%"
     except (ModuleNotFoundError, RuntimeError):  # needs the nvidia-ml-py package
         return "n/a"
-
-
-def _scramble_global_rngs() -> None:
-    """So that the resumed run passes only if it restores every RNG state from its checkpoint."""
-    noise = int.from_bytes(os.urandom(4), "little")
-    random.seed(noise)
-    np.random.seed(noise)
-    torch.manual_seed(noise)
-
-
-def _equal(a, b) -> bool:
-    if isinstance(a, torch.Tensor):
-        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
-    if isinstance(a, dict):
-        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
-    if isinstance(a, list | tuple):
-        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
-    return a == b

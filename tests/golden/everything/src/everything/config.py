@@ -7,58 +7,67 @@ Change a default here, or override it for one run:
 
 import argparse
 import dataclasses
-from dataclasses import dataclass
+import inspect
+import re
+from dataclasses import dataclass, field
 
 
 class ConfigError(ValueError):
     """A setting that cannot work, explained in one line."""
 
 
+def fixed(default):
+    """A field a resumed run must keep: it defines the model or the data the run sees."""
+    return field(default=default, metadata={"resume": "fixed"})
+
+
 @dataclass
 class Config:
     # data
-    data: str | None = None  # a .npz with arrays x (inputs) and y (targets); None: the example
-    val_fraction: float = 0.1  # share held out for validation, the same examples for every seed
-    max_train_examples: int = 0  # train on only this many examples (0: all); debug small first
-    # Loader processes. In-memory features index in microseconds, and a worker only adds the cost of
+    data: str | None = fixed(None)  # a .npz with arrays x (inputs) and y (targets); None: the example
+    val_fraction: float = fixed(0.1)  # share held out for validation, the same examples for every seed
+    max_train_examples: int = fixed(0)  # train on only the first this many examples (0: all); debug small
+    input_noise: float = fixed(0.0)  # std of Gaussian noise added to training inputs (augmentation)
+    # Loader processes. In-memory pairs index in microseconds, and a worker only adds the cost of
     # shipping each batch between processes; raise it when loading a batch does real work.
     num_workers: int = 0
     # model
-    hidden_dim: int = 128  # width of each hidden layer
-    n_layers: int = 2  # hidden layers
-    dropout: float = 0.1  # regularisation; 0 turns it off
+    hidden_dim: int = fixed(128)  # width of each hidden layer
+    n_layers: int = fixed(2)  # hidden layers
+    dropout: float = fixed(0.1)  # regularisation; 0 turns it off
     # optimisation
     max_steps: int = 2000  # optimizer steps, each over grad_accum_steps micro-batches
-    batch_size: int = 256  # examples per micro-batch
-    grad_accum_steps: int = 4  # micro-batches per optimizer step
+    batch_size: int = fixed(256)  # examples per micro-batch
+    grad_accum_steps: int = fixed(4)  # micro-batches per optimizer step
     lr: float = 3e-3  # peak learning rate, reached after the warmup
     min_lr: float = 3e-4  # floor of the cosine decay
     warmup_steps: int = 100  # linear warmup: large early updates are the usual cause of spikes
     weight_decay: float = 0.1  # AdamW decay, on weight matrices only (not biases or norms)
     grad_clip: float = 1.0  # max global gradient norm: exploding gradients stay silent until NaN
     # validation and early stopping
-    eval_every: int = 200  # steps between validations on the held-out split
-    patience: int = 0  # validations without improvement before stopping; 0: never stop early
+    eval_every: int = 0  # steps between validations; 0: every epoch, at most EVAL_EVERY_MAX apart
+    patience: int = 10  # validations without improvement before stopping early (best.pt is kept); 0: never
     # bookkeeping
     run_dir: str = "runs/default"  # run.json, metrics.jsonl and checkpoints/; reused to resume
     log_every: int = 10  # steps between logged train records (the only host syncs in the loop)
     ckpt_every: int = 500  # steps between checkpoints
     keep_last: int = 3  # step checkpoints kept; best.pt is kept besides them
     tracking_uri: str | None = None  # an MLflow server or database; None: a file store in run_dir/mlruns
-    seed: int = 0  # seeds Python, NumPy and torch; with the epoch, fixes the sample order
+    seed: int = fixed(0)  # seeds Python, NumPy and torch; with the epoch, fixes the sample order
     device: str = "cuda"  # --device cpu runs this project on a machine without the cuda device
     compile: bool = True  # torch.compile the model (the first steps are slow while it compiles)
     deterministic: bool = False  # bit-exact runs: deterministic kernels and one CPU thread
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "batch_size", "grad_accum_steps", "eval_every", "log_every"):
+        for name in ("max_steps", "batch_size", "grad_accum_steps", "log_every"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         for name in ("ckpt_every", "keep_last", "hidden_dim", "n_layers"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("num_workers", "patience", "warmup_steps", "max_train_examples"):
+        for name in ("num_workers", "patience", "warmup_steps", "max_train_examples", "eval_every"):
             _require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         _require(0 < self.val_fraction < 1, f"val_fraction must be in (0, 1), got {self.val_fraction}")
         _require(0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}")
+        _require(self.input_noise >= 0, f"input_noise must be >= 0, got {self.input_noise}")
         _require(self.lr > 0, f"lr must be > 0, got {self.lr}")
         _require(0 <= self.min_lr <= self.lr, f"min_lr must be in [0, lr], got {self.min_lr}")
         _require(self.grad_clip > 0, f"grad_clip must be > 0, got {self.grad_clip}")
@@ -69,18 +78,9 @@ class Config:
         )
 
 
-# Fields that define the model or the data a run sees: a resumed run must keep them.
-RESUME_FIXED = (
-    "data",
-    "val_fraction",
-    "max_train_examples",
-    "hidden_dim",
-    "n_layers",
-    "dropout",
-    "batch_size",
-    "grad_accum_steps",
-    "seed",
-)
+# Fields a resumed run must keep (marked with fixed() above): it refuses to continue otherwise.
+RESUME_FIXED = tuple(f.name for f in dataclasses.fields(Config) if f.metadata.get("resume") == "fixed")
+EVAL_EVERY_MAX = 200  # validation steps apart at most when --eval-every is 0 (epochs can be long)
 
 
 def _require(ok: bool, message: str) -> None:
@@ -89,15 +89,32 @@ def _require(ok: bool, message: str) -> None:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds one --option per Config field, defaulting to the dataclass's value."""
-    for field in dataclasses.fields(Config):
-        flag = "--" + field.name.replace("_", "-")
-        if field.type is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=field.default)
+    """Adds one --option per Config field, defaulting to the dataclass's value, its comment as help."""
+    comments = _field_comments()
+    for f in dataclasses.fields(Config):
+        flag = "--" + f.name.replace("_", "-")
+        text = f"{comments.get(f.name, '')} (default: {f.default})".replace("%", "%%")
+        if f.type is bool:
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=text)
         else:
-            kind = str if field.type == str | None else field.type
-            parser.add_argument(flag, type=kind, default=field.default, help=f"default: {field.default}")
+            kind = str if f.type == str | None else f.type
+            parser.add_argument(flag, type=kind, default=f.default, help=text)
+
+
+def _field_comments() -> dict[str, str]:
+    """Each field's comment in the Config source: on its line, else the comment lines above it."""
+    comments, above = {}, []
+    for line in inspect.getsource(Config).splitlines():
+        line = line.strip()
+        if line.startswith("#"):
+            above.append(line.lstrip("# "))
+        elif match := re.match(r"(\w+): [^=]+=[^#]*(?:#\s*(.*))?$", line):
+            comments[match.group(1)] = match.group(2) or " ".join(above)
+            above = []
+        else:
+            above = []
+    return comments
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    return Config(**{field.name: getattr(args, field.name) for field in dataclasses.fields(Config)})
+    return Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})

@@ -3,14 +3,20 @@
     python -m everything inspect-data                  # the synthetic example
     python -m everything inspect-data --data pairs.npz  # x (N, F), y (N,)
 
-What the rest of the project needs from this file, whatever your data is:
+What the rest of the project needs from `data.py` (the loop, the checks and `inspect-data` use
+nothing else, so a dataset of your own works if it keeps to this):
 
-- `load_splits(cfg) -> Splits`, with `train` and `val` datasets; the validation split is never
-  trained on, and is the same for every --seed;
-- each dataset has `len()` and is indexed by a tensor of example indices, returning one batch as
-  `(inputs, targets)` (load files lazily here if your data does not fit in memory);
-- `Splits.describe()`: the facts a resumed run must see again (sizes, vocabulary, ...);
-- `summarize(splits)`: what `inspect-data` prints; `DataError` for input that cannot be used.
+- `load_splits(cfg) -> Splits`, whose `train` and `val` are map-style datasets of single
+  examples: `len(ds)`, and `ds[i] -> (input, target)` as tensors (an ImageFolder-style dataset
+  is one). The validation split is never trained on and is the same for every --seed.
+- Optionally `ds.__getitems__(indices)`: a whole batch at once (an int64 tensor of indices in,
+  the stacked `(inputs, targets)` out), which keeps in-memory data fast.
+- Randomness inside a sample (augmentation, random crops) drawn from
+  `loader.sample_rng(seed, self.epoch, i)`, never from the global RNGs: the loader sets
+  `ds.epoch` before each batch, so the numbers stay the same for any number of workers and
+  after a resume. Open files in `__getitem__`, not in `__init__`: each worker has its own copy.
+- `Splits.describe()`: the facts a resumed run must see again; `summarize(splits)`: what
+  `inspect-data` prints; `DataError` for input that cannot be used.
 """
 
 import hashlib
@@ -22,6 +28,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .config import Config
+from .loader import read_batch, sample_rng
 
 SPLIT_SEED = 20240601  # fixed, so every run (whatever its --seed) validates on the same examples
 
@@ -31,17 +38,33 @@ class DataError(ValueError):
 
 
 class PairDataset(Dataset):
-    """In-memory (input, target) pairs, indexed by a whole batch of indices at once."""
+    """In-memory (input, target) pairs; training inputs get noise keyed by (seed, epoch, index)."""
 
-    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+    epoch = 0  # the loader sets it before each batch
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, noise: float = 0, seed: int = 0) -> None:
         self.inputs = inputs  # (N, F) float32
         self.targets = targets  # (N,) float32
+        self.noise = noise  # std of the Gaussian noise added to each input (augmentation); 0: none
+        self.seed = seed
 
     def __len__(self) -> int:
         return len(self.targets)
 
-    def __getitem__(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.inputs[indices], self.targets[indices]
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inputs[i] + self._noise(i), self.targets[i]
+
+    def __getitems__(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        inputs = self.inputs[indices]  # (B, F): one gather per batch, not one per example
+        if self.noise:
+            inputs = inputs + torch.stack([self._noise(i) for i in indices.tolist()])
+        return inputs, self.targets[indices]
+
+    def _noise(self, i: int) -> torch.Tensor | float:
+        if not self.noise:
+            return 0.0
+        shape = self.inputs.shape[1:]
+        return self.noise * torch.randn(shape, generator=sample_rng(self.seed, self.epoch, i))
 
 
 @dataclass
@@ -65,14 +88,12 @@ def load_splits(cfg: Config) -> Splits:
     order = np.random.default_rng(SPLIT_SEED).permutation(len(targets))
     n_val = max(1, round(len(targets) * cfg.val_fraction))
     val_idx, train_idx = order[:n_val], order[n_val:]
-    if cfg.max_train_examples:
-        train_idx = train_idx[: cfg.max_train_examples]
     if len(train_idx) < cfg.batch_size:
         raise DataError(f"{len(train_idx)} training examples, fewer than one batch of {cfg.batch_size}")
     contents = hashlib.sha256(inputs.tobytes() + targets.tobytes()).hexdigest()[:16]
     inputs, targets = torch.from_numpy(inputs), torch.from_numpy(targets)
     return Splits(
-        train=PairDataset(inputs[train_idx], targets[train_idx]),
+        train=PairDataset(inputs[train_idx], targets[train_idx], cfg.input_noise, cfg.seed),
         val=PairDataset(inputs[val_idx], targets[val_idx]),
         source=cfg.data or "example",
         digest=contents,
@@ -103,10 +124,13 @@ def read_pairs(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def summarize(splits: Splits, n_samples: int = 5) -> str:
+    """Sizes and shapes of both splits and a few training examples, read as the loader reads them."""
     lines = [f"source: {splits.source}"]
     for name, ds in (("train", splits.train), ("val", splits.val)):
-        lines.append(f"{name}: inputs {tuple(ds.inputs.shape)}, targets {tuple(ds.targets.shape)}")
-    for i in range(min(n_samples, len(splits.train))):
-        inputs, target = splits.train[torch.tensor([i])]
-        lines.append(f"  example {i}: inputs {inputs[0].tolist()}  target {float(target[0]):.4g}")
+        inputs, targets = read_batch(ds, torch.arange(min(len(ds), n_samples)))
+        shapes = f"inputs {tuple(inputs.shape[1:])}, targets {tuple(targets.shape[1:])}"
+        lines.append(f"{name}: {len(ds):,} examples, {shapes}")
+    inputs, targets = read_batch(splits.train, torch.arange(min(len(splits.train), n_samples)))
+    for i in range(len(targets)):
+        lines.append(f"  example {i}: inputs {inputs[i].tolist()}  target {targets[i].tolist()}")
     return "\n".join(lines)

@@ -1,21 +1,32 @@
-"""Batches in a resumable order: the order is a pure function of (seed, epoch), and a resumed
-run skips exactly the batches it already trained on, however many workers load them.
+"""Batches in a resumable order, for any map-style dataset of single examples.
+
+The order is a pure function of (seed, epoch), and a resumed run skips exactly the batches it
+already trained on. Before each batch the loader sets `dataset.epoch`, so randomness inside a
+sample (augmentation) can be keyed by (seed, epoch, index) with `sample_rng`: the same numbers
+however many workers load the batches, and again after a resume.
 """
 
+import hashlib
 import random
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Sampler
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
-from .config import Config
-from .data import Splits
+from .config import Config, ConfigError
 
 
-class EpochBatches(Sampler[torch.Tensor]):
-    """Training batches of a shuffled epoch, dropping the last partial one.
+def sample_rng(seed: int, epoch: int, index: int) -> torch.Generator:
+    """The generator for the randomness inside one sample: keyed, never drawn from global state."""
+    key = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
+
+
+class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
+    """Training batches of a shuffled epoch as (epoch, indices), dropping the last partial one.
 
     `set_epoch(epoch, start)` skips the first `start` batches: those a resumed run trained on.
+    Only the first `n_examples` examples of the dataset are drawn (--max-train-examples).
     Each rank takes its slice of every global batch of world_size x batch_size examples, so N
     processes with batch B see exactly the examples one process with batch N x B would.
     """
@@ -40,10 +51,39 @@ class EpochBatches(Sampler[torch.Tensor]):
         return self.batches_per_epoch() - self.start
 
     def __iter__(self):
-        order = np.random.default_rng([self.seed, self.epoch]).permutation(self.n_examples)
+        order = torch.from_numpy(np.random.default_rng([self.seed, self.epoch]).permutation(self.n_examples))
         for b in range(self.start, self.batches_per_epoch()):
             first = (b * self.world_size + self.rank) * self.batch_size
-            yield torch.from_numpy(order[first : first + self.batch_size])
+            yield self.epoch, order[first : first + self.batch_size]
+
+
+def read_batch(dataset: Dataset, indices: torch.Tensor):
+    """The examples at `indices` as one batch: at once through `__getitems__` where the dataset
+    has it (in-memory data, to stay fast), else one `dataset[i]` at a time, then stacked."""
+    if hasattr(dataset, "__getitems__"):
+        samples = dataset.__getitems__(indices)
+        return samples if isinstance(samples, tuple) else default_collate(samples)
+    return default_collate([dataset[i] for i in indices.tolist()])
+
+
+class EpochDataset(Dataset):
+    """What the loaders read: the dataset, told the epoch of each batch before reading it."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, batch: tuple[int, torch.Tensor]):
+        epoch, indices = batch
+        self.dataset.epoch = epoch  # in whichever process reads this batch
+        return read_batch(self.dataset, indices)
+
+
+def _as_read(batch):
+    """The collate_fn: EpochDataset returns whole batches already."""
+    return batch
 
 
 def seed_worker(worker_id: int) -> None:
@@ -53,15 +93,21 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-def build_loaders(splits: Splits, cfg: Config, device: torch.device, rank: int, world_size: int):
+def build_loaders(splits, cfg: Config, device: torch.device, rank: int, world_size: int):
     """The training loader (resumable order, drop_last) and the validation loader (in order).
 
     Validation batches are dealt out to the ranks in turn: together they cover every example once.
     """
-    batches = EpochBatches(len(splits.train), cfg.batch_size, cfg.seed, rank, world_size)
-    val_batches = torch.arange(len(splits.val)).split(cfg.batch_size)[rank::world_size]
+    n_train = min(len(splits.train), cfg.max_train_examples or len(splits.train))
+    batches = EpochBatches(n_train, cfg.batch_size, cfg.seed, rank, world_size)
+    if batches.batches_per_epoch() == 0:
+        raise ConfigError(
+            f"{n_train} training examples make no full batch of {cfg.batch_size} x {world_size} ranks:"
+            " lower --batch-size"
+        )
+    val_batches = [(0, b) for b in torch.arange(len(splits.val)).split(cfg.batch_size)][rank::world_size]
     common = {
-        "batch_size": None,  # the samplers yield whole batches of indices (a tensor indexes fastest)
+        "collate_fn": _as_read,
         "num_workers": cfg.num_workers,
         "pin_memory": device.type == "cuda",  # page-locked batches make non_blocking copies async
         "persistent_workers": cfg.num_workers > 0,
@@ -71,9 +117,15 @@ def build_loaders(splits: Splits, cfg: Config, device: torch.device, rank: int, 
     # Each loader has its own generator: a loader without one draws worker seeds from the global
     # RNG whenever an iterator starts, and a resumed run would then drift from the original.
     train = DataLoader(
-        splits.train, sampler=batches, generator=torch.Generator().manual_seed(cfg.seed), **common
+        EpochDataset(splits.train),
+        batch_sampler=batches,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        **common,
     )
     val = DataLoader(
-        splits.val, sampler=val_batches, generator=torch.Generator().manual_seed(cfg.seed), **common
+        EpochDataset(splits.val),
+        batch_sampler=val_batches,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        **common,
     )
     return train, val, batches

@@ -4,11 +4,16 @@ in data.py, trained with mean squared error.
 What the rest of the project needs from this file:
 
 - `build_model(cfg, splits) -> nn.Module`, whose output for a batch of inputs goes to the loss;
-- `compute_loss(output, targets)`: a scalar to minimise, computed in fp32;
+- `compute_loss(output, targets)`: a scalar to minimise, computed in fp32, the mean over the
+  examples of the batch; it is the only definition of the loss (validation averages it too);
+- `initial_loss(splits)`: what compute_loss should be before any training (`check init`);
 - `overfit_target(first_loss)`: the loss `check overfit` must reach on one batch of 8 examples;
 - `Metrics`: adds validation results up on the device in two tensors, `sums` and `count`
-  (summed over processes when training is distributed); `compute()` returns a dict with "loss"
-  (used for early stopping and best.pt) and any other figures you want logged.
+  (summed over processes when training is distributed); `update(output, targets, loss)` gets
+  each batch with its compute_loss; `compute()` returns a dict with "loss" (used for early
+  stopping and best.pt) and any other figures you want logged.
+- The output's first dimension is the batch, and no example's output may depend on another
+  example's input (`check batch` proves it).
 """
 
 import torch
@@ -41,20 +46,26 @@ def compute_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.mse_loss(output.float(), targets)
 
 
+def initial_loss(splits: Splits) -> float:
+    """The mean squared target: the outputs of the untrained model start near 0."""
+    return float(splits.train.targets.square().mean())
+
+
 def overfit_target(first_loss: float) -> float:
+    """Near zero for a loss whose minimum is 0; add the floor of a loss that cannot reach 0."""
     return max(1e-3, 0.02 * first_loss)
 
 
 class Metrics:
     def __init__(self, splits: Splits, device: torch.device) -> None:
-        self.sums = torch.zeros(2, device=device)  # squared error, absolute error
+        self.sums = torch.zeros(2, device=device)  # loss x examples, absolute error
         self.count = torch.zeros((), device=device, dtype=torch.long)
 
-    def update(self, output: torch.Tensor, targets: torch.Tensor) -> None:
+    def update(self, output: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor) -> None:
         error = output.float() - targets
-        self.sums += torch.stack([error.square().sum(), error.abs().sum()])
+        self.sums += torch.stack([loss * len(targets), error.abs().sum()])
         self.count += len(targets)
 
     def compute(self) -> dict[str, float]:
-        (squared, absolute), count = self.sums.tolist(), self.count.item()
-        return {"loss": squared / count, "mae": absolute / count}
+        (loss, absolute), count = self.sums.tolist(), self.count.item()
+        return {"loss": loss / count, "mae": absolute / count}

@@ -9,6 +9,7 @@ Both read only the run folders' run.json and metrics.jsonl (and the latest check
 import json
 from pathlib import Path
 
+from .checks import sanity
 from .runlog import read_metrics
 
 
@@ -65,10 +66,7 @@ def report(run_dir: str) -> str:
     checks = run.parent / "check" / "summary.json"
     if checks.exists():
         summary = json.loads(checks.read_text())
-        lines.append(
-            f"**Sanity:** overfit-one-batch loss {summary['overfit_loss']:.4g}; "
-            f"resume check matched: {'yes' if summary['resume_matched'] else 'no'} ({checks})"
-        )
+        lines.append(f"**Sanity:** {sanity(summary)} ({checks})")
         share = f"{summary['loader_share']:.1%}"
     else:
         lines.append(f"**Sanity:** not checked yet: python -m {__package__} check all")

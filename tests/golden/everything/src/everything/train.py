@@ -1,7 +1,7 @@
-"""The training loop: setup, data, model, optimizer, loop, checkpoints.
+"""The training loop: data, the engine (engine.py), the loop with validation, checkpoints.
 
     python -m everything train  # synthetic data, into runs/default
-    python -m everything train --data pairs.npz --run-dir runs/exp1
+    python -m everything train --data path/to/pairs.npz --run-dir runs/exp1
     python -m everything train --device cpu --max-steps 50  # debug without cuda
     torchrun --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29500 \
         -m everything train  # or scripts/train_single_node.sh
@@ -10,29 +10,22 @@ Run it again with the same --run-dir to resume from the newest valid checkpoint:
 exactly as if it had never stopped.
 """
 
-import contextlib
 import math
-import os
-import random
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 from tqdm import tqdm
 
 from .checkpoint import CheckpointDir, rng_state, set_rng_state
-from .config import RESUME_FIXED, Config, ConfigError
+from .config import EVAL_EVERY_MAX, RESUME_FIXED, Config, ConfigError
 from .data import Splits, load_splits
 from .distributed import all_gather, all_reduce_sum, init_distributed
-from .loader import build_loaders
-from .model import Metrics, build_model, compute_loss
+from .engine import PRECISION, Engine, evaluate, setup, train_step
+from .loader import EpochBatches, build_loaders
 from .runlog import RunLog, SilentRunLog
-
-PRECISION = "fp16"
-AMP_DTYPE = torch.float16  # autocast dtype; losses stay in fp32
 
 
 class TrainingError(RuntimeError):
@@ -50,102 +43,7 @@ class TrainState:
     skipped_steps: int = 0  # optimizer steps the GradScaler skipped: their gradients overflowed
 
 
-def setup(cfg: Config) -> torch.device:
-    device = torch.device(cfg.device)
-    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
-    if not available[device.type]:
-        raise ConfigError(f"--device {cfg.device} is not available here: --device cpu runs anywhere")
-    torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
-    if cfg.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
-        torch.use_deterministic_algorithms(True)
-        torch.set_num_threads(1)  # CPU reductions then add in one fixed order
-    # Each rank draws its own dropout masks; the model starts from rank 0's weights (DDP copies them).
-    seed = cfg.seed + init_distributed(device.type).rank
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    return device
-
-
-def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.AdamW:
-    """AdamW that decays weight matrices only: biases and norm gains are left alone."""
-    params = [p for p in model.parameters() if p.requires_grad]
-    groups = [
-        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
-        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
-    ]
-    return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)  # fused kernels: cpu, cuda and mps
-
-
-def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
-    """What the loop calls: the model under DistributedDataParallel, compiled with --compile."""
-    # No buffer sync in forward: the buffers never change, and a broadcast in every forward would
-    # make ranks that evaluate different numbers of batches wait for each other.
-    device_ids = [torch.cuda.current_device()] if device.type == "cuda" else None  # set from LOCAL_RANK
-    model = torch.nn.parallel.DistributedDataParallel(
-        model, device_ids=device_ids, forward_sync_buffers=False
-    )
-    return torch.compile(model) if cfg.compile else model
-
-
-def lr_factor(cfg: Config):
-    """Linear warmup to cfg.lr, then cosine decay to cfg.min_lr at max_steps."""
-
-    def factor(step: int) -> float:
-        if step < cfg.warmup_steps:
-            return (step + 1) / cfg.warmup_steps
-        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
-        floor = cfg.min_lr / cfg.lr
-        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
-
-    return factor
-
-
-def train_step(model, batches, optimizer, cfg: Config, device: torch.device, scaler):
-    """One optimizer step over cfg.grad_accum_steps micro-batches.
-
-    Returns the mean loss and the gradient norm as tensors: reading them (.item()) waits for the
-    device, so the loop does that only on logging steps.
-    """
-    losses = []  # each micro-batch's share of the step's mean loss
-    for i in range(cfg.grad_accum_steps):
-        x, y = next(batches)
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        # DDP averages gradients over the ranks once, on the last micro-batch of the step.
-        last = i == cfg.grad_accum_steps - 1
-        with contextlib.nullcontext() if last else model.no_sync():
-            with torch.autocast(device.type, dtype=AMP_DTYPE):
-                output = model(x)
-            loss = compute_loss(output, y) / cfg.grad_accum_steps
-            scaler.scale(loss).backward()
-        losses.append(loss.detach())
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    scaler.unscale_(optimizer)  # clip the true gradients, not the scaled ones
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
-    scaler.step(optimizer)  # skipped when the gradients overflowed; the scale then shrinks
-    scaler.update()
-    optimizer.zero_grad(set_to_none=True)
-    return sum(losses), grad_norm
-
-
-@torch.no_grad()
-def evaluate(model, loader, splits: Splits, device: torch.device) -> dict[str, float]:
-    """The loss and the task's metrics over the whole validation split."""
-    model.eval()
-    metrics = Metrics(splits, device)
-    for x, y in loader:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=AMP_DTYPE):
-            output = model(x)
-        metrics.update(output, y)
-    model.train()
-    all_reduce_sum(metrics.sums)  # each rank evaluated its share of the batches
-    all_reduce_sum(metrics.count)
-    return metrics.compute()
-
-
-def micro_batches(loader, sampler, state: TrainState):
+def micro_batches(loader, sampler: EpochBatches, state: TrainState):
     """Training batches without end; keeps state.epoch and state.batch_in_epoch current."""
     while True:
         sampler.set_epoch(state.epoch, start=state.batch_in_epoch)
@@ -154,6 +52,25 @@ def micro_batches(loader, sampler, state: TrainState):
             yield batch
         state.epoch += 1
         state.batch_in_epoch = 0
+
+
+def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
+    """Steps between validations, and one line saying what was chosen and why.
+
+    On a small data set an epoch is a few steps and the model can overfit long before a fixed
+    eval_every comes round: with --eval-every 0 it validates every epoch (at most EVAL_EVERY_MAX
+    steps apart), so early stopping and best.pt see the best point.
+    """
+    steps_per_epoch = max(1, sampler.batches_per_epoch() // cfg.grad_accum_steps)
+    size = f"{sampler.n_examples:,} training examples make {steps_per_epoch:,} steps an epoch"
+    if cfg.eval_every:
+        every, why = cfg.eval_every, "as --eval-every asks"
+    elif steps_per_epoch <= EVAL_EVERY_MAX:
+        every, why = steps_per_epoch, "once an epoch"
+    else:
+        every, why = EVAL_EVERY_MAX, f"every {EVAL_EVERY_MAX} steps, as epochs are long"
+    stop = f"early stop after {cfg.patience} without improvement" if cfg.patience else "no early stop"
+    return every, f"plan: {size}: validating every {every} steps ({why}), {stop}, best.pt kept"
 
 
 def check_resumable(checkpoint: dict, cfg: Config, splits: Splits, world_size: int) -> None:
@@ -186,43 +103,35 @@ def train(cfg: Config, quiet: bool = False) -> dict:
     group = init_distributed(device.type)
     quiet = quiet or not group.is_main  # one rank speaks for all
     splits = load_splits(cfg)
-    model = build_model(cfg, splits).to(device)
-    optimizer = build_optimizer(model, cfg)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_factor(cfg))
-    scaler = torch.amp.GradScaler(device.type)
+    engine = Engine(cfg, splits, device)
     state = TrainState()
     run = RunLog(Path(cfg.run_dir)) if group.is_main else SilentRunLog()  # rank 0 alone writes
-    say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
     checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, write=group.is_main)
+    say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
     latest = checkpoints.load_latest()
     if latest is None:
         run.start(cfg, splits.describe(), PRECISION)
     else:
         path, checkpoint = latest
         check_resumable(checkpoint, cfg, splits, group.world_size)
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
-        scaler.load_state_dict(checkpoint["scaler"])
+        engine.load_state_dict(checkpoint)
         state = TrainState(**checkpoint["state"])
         run.resume(state.step, path, checkpoint["tracker"])
         say(f"resuming from {path} at step {state.step}")
-    n_params = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    n_params = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
     say(f"model: {n_params:,} trainable parameters; device {device}, precision {PRECISION}")
     say(f"data: {splits.source}, {len(splits.train):,} train / {len(splits.val):,} val examples")
     say(f"ranks: {group.world_size}, {cfg.batch_size} examples each a micro-batch")
     train_loader, val_loader, sampler = build_loaders(splits, cfg, device, group.rank, group.world_size)
+    eval_every, plan = validation_schedule(cfg, sampler)
+    say(plan)
     batches = micro_batches(train_loader, sampler, state)
-    forward = wrap(model, cfg, device)
     if latest is not None:
         set_rng_state(checkpoint["rng"][group.rank])  # last: nothing above may consume these streams
 
     def payload() -> dict:
         return {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "scaler": scaler.state_dict(),
+            **engine.state_dict(),
             "state": asdict(state),
             "rng": all_gather(rng_state()),  # every rank's streams, restored rank by rank
             "config": asdict(cfg),
@@ -230,17 +139,17 @@ def train(cfg: Config, quiet: bool = False) -> dict:
             "tracker": run.tracker_state(),  # resumes the same tracker run
         }
 
-    model.train()
+    engine.model.train()
     examples_per_step = cfg.grad_accum_steps * cfg.batch_size * group.world_size
     progress = Progress(cfg.max_steps, state.step, examples_per_step, quiet)
     skipped = torch.tensor(state.skipped_steps, device=device)  # counted on the device: no sync
     started, first_step, stop = time.perf_counter(), state.step, False
     try:
         while state.step < cfg.max_steps and not stop:
-            lr = scheduler.get_last_lr()[0]
-            loss, grad_norm = train_step(forward, batches, optimizer, cfg, device, scaler)
+            lr = engine.scheduler.get_last_lr()[0]
+            loss, grad_norm = train_step(engine, batches, cfg, device)
             skipped += grad_norm.isfinite().logical_not()  # the scaler's own test: inf or NaN grads
-            scheduler.step()
+            engine.scheduler.step()
             state.step += 1
             progress.update()
             last = state.step == cfg.max_steps
@@ -254,23 +163,17 @@ def train(cfg: Config, quiet: bool = False) -> dict:
                         " (fp16 overflows where bf16 does not), and inspect the data (inspect-data)"
                     )
                 skipped_before, state.skipped_steps = state.skipped_steps, int(skipped.item())
-                run.log(
-                    step=state.step,
-                    split="train",
-                    loss=loss,
-                    lr=lr,
-                    grad_norm=grad_norm,
-                    skipped_steps=state.skipped_steps,
-                )
+                extra = {"skipped_steps": state.skipped_steps}
                 if state.skipped_steps > skipped_before:
                     say(
                         f"step {state.step}: fp16 gradients overflowed, the GradScaler skipped"
                         f" {state.skipped_steps - skipped_before} steps ({state.skipped_steps} in all)"
                         " and lowered its scale"
                     )
+                run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm, **extra)
                 progress.log(state.step, loss, lr, grad_norm)
-            if state.step % cfg.eval_every == 0 or last:
-                metrics = evaluate(model, val_loader, splits, device)
+            if state.step % eval_every == 0 or last:
+                metrics = evaluate(engine, val_loader, splits, device)
                 run.log(step=state.step, split="val", **metrics)
                 improved = metrics["loss"] < state.best_val_loss
                 if improved:

@@ -1,0 +1,143 @@
+"""The training objects, built in one place: the model, what the loop calls, the optimizer, the
+learning-rate schedule, the gradient scaler; one optimizer step; one pass over the validation split.
+
+`train` and every check build them as one `Engine`, so a check proves the code that trains.
+"""
+
+import contextlib
+import math
+import os
+import random
+
+import numpy as np
+import torch
+
+from .config import Config, ConfigError
+from .distributed import all_reduce_sum, init_distributed
+from .model import Metrics, build_model, compute_loss
+
+PRECISION = "fp16"
+AMP_DTYPE = torch.float16  # autocast dtype; losses stay in fp32
+
+
+def setup(cfg: Config) -> torch.device:
+    """The device, deterministic kernels if asked, and every global RNG seeded."""
+    device = torch.device(cfg.device)
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not available[device.type]:
+        raise ConfigError(f"--device {cfg.device} is not available here: --device cpu runs anywhere")
+    torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
+    if cfg.deterministic:
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
+        torch.use_deterministic_algorithms(True)
+        torch.set_num_threads(1)  # CPU reductions then add in one fixed order
+    # Each rank draws its own dropout masks; the model starts from rank 0's weights (DDP copies them).
+    seed = cfg.seed + init_distributed(device.type).rank
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return device
+
+
+def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.AdamW:
+    """AdamW that decays weight matrices only: biases and norm gains are left alone."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    groups = [
+        {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay},
+        {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(groups, lr=cfg.lr, fused=True)  # fused kernels: cpu, cuda and mps
+
+
+def lr_factor(cfg: Config):
+    """Linear warmup to cfg.lr, then cosine decay to cfg.min_lr at max_steps."""
+
+    def factor(step: int) -> float:
+        if step < cfg.warmup_steps:
+            return (step + 1) / cfg.warmup_steps
+        progress = min(1.0, (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps))
+        floor = cfg.min_lr / cfg.lr
+        return floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return factor
+
+
+def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
+    """What the loop calls: the model under DistributedDataParallel, compiled with --compile."""
+    # No buffer sync in forward: the buffers never change, and a broadcast in every forward would
+    # make ranks that evaluate different numbers of batches wait for each other.
+    device_ids = [torch.cuda.current_device()] if device.type == "cuda" else None  # set from LOCAL_RANK
+    model = torch.nn.parallel.DistributedDataParallel(
+        model, device_ids=device_ids, forward_sync_buffers=False
+    )
+    return torch.compile(model) if cfg.compile else model
+
+
+class Engine:
+    """The objects a step changes, each saving and loading itself through state_dict()."""
+
+    def __init__(self, cfg: Config, splits, device: torch.device) -> None:
+        self.model = build_model(cfg, splits).to(device)  # plain: what checkpoints hold
+        self.forward = wrap(self.model, cfg, device)  # what the loop calls
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
+        self.scaler = torch.amp.GradScaler(device.type)
+
+    def parts(self) -> dict:
+        """What a checkpoint holds of the engine, by name."""
+        return {
+            "model": self.model,
+            "optimizer": self.optimizer,
+            "scheduler": self.scheduler,
+            "scaler": self.scaler,
+        }
+
+    def state_dict(self) -> dict:
+        return {name: part.state_dict() for name, part in self.parts().items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, part in self.parts().items():
+            part.load_state_dict(state[name])
+
+
+def train_step(engine: Engine, batches, cfg: Config, device: torch.device):
+    """One optimizer step over cfg.grad_accum_steps micro-batches.
+
+    Returns the mean loss and the gradient norm as tensors: reading them (.item()) waits for the
+    device, so the loop does that only on logging steps.
+    """
+    losses = []  # each micro-batch's share of the step's mean loss
+    for i in range(cfg.grad_accum_steps):
+        x, y = next(batches)
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        # DDP averages gradients over the ranks once, on the last micro-batch of the step.
+        last = i == cfg.grad_accum_steps - 1
+        with contextlib.nullcontext() if last else engine.forward.no_sync():
+            with torch.autocast(device.type, dtype=AMP_DTYPE):
+                output = engine.forward(x)
+            loss = compute_loss(output, y) / cfg.grad_accum_steps
+            engine.scaler.scale(loss).backward()
+        losses.append(loss.detach())
+    params = [p for group in engine.optimizer.param_groups for p in group["params"]]
+    engine.scaler.unscale_(engine.optimizer)  # clip the true gradients, not the scaled ones
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    engine.scaler.step(engine.optimizer)  # skipped when the gradients overflowed; the scale then shrinks
+    engine.scaler.update()
+    engine.optimizer.zero_grad(set_to_none=True)
+    return sum(losses), grad_norm
+
+
+@torch.no_grad()
+def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, float]:
+    """The validation loss (compute_loss, averaged over examples) and the task's metrics."""
+    engine.model.eval()
+    metrics = Metrics(splits, device)
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        with torch.autocast(device.type, dtype=AMP_DTYPE):
+            output = engine.forward(x)
+        metrics.update(output, y, compute_loss(output, y))
+    engine.model.train()
+    all_reduce_sum(metrics.sums)  # each rank evaluated its share of the batches
+    all_reduce_sum(metrics.count)
+    return metrics.compute()
