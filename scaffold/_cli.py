@@ -18,7 +18,7 @@ from typing import Annotated, Any
 
 import typer
 
-from scaffold import __version__, check, matrix, questions, render, update
+from scaffold import __version__, check, machine, matrix, questions, render, update
 from scaffold.errors import ScaffoldError
 
 # The click that typer runs on: the `click` package, or the copy newer typers carry inside.
@@ -327,6 +327,8 @@ def _default_text(question: questions.Question, default: Any) -> str:
         return "the name of DEST's folder"
     if question.type == "bool":
         return question.flag if default else f"--no-{question.flag.removeprefix('--')}"
+    if "machine_" in written:  # a default copier.yml takes from scaffold.machine's findings
+        return f"{default} (on this machine: {machine.accelerator().evidence})"
     if "{{" in written or "{%" in written:
         return f"{default} (on this machine)"
     return str(default)

@@ -11,7 +11,8 @@ from pathlib import Path
 import yaml
 
 from scaffold.errors import UsageError
-from scaffold.questions import device_available, package_name
+from scaffold.machine import device_available
+from scaffold.questions import package_name
 
 ANSWERS_FILE = ".copier-answers.yml"
 

@@ -7,15 +7,14 @@ validators: everything here is derived from it, nothing re-lists an option.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
-import pkgutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from scaffold import machine
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -79,34 +78,14 @@ def package_name(project_name: str) -> str:
 
 @functools.cache
 def machine_facts() -> dict[str, Any]:
-    """The answers of copier.yml's hidden machine questions, measured on this machine."""
-    import torch  # slow to import: only when a project is rendered or checked
-
-    if torch.cuda.is_available():
-        device = "cuda"
-    elif torch.backends.mps.is_available():
-        device = "mps"
-    else:
-        device = "cpu"
-    cuda_fp16_only = device == "cuda" and not torch.cuda.is_bf16_supported()
+    """The answers of copier.yml's hidden machine questions, found on this machine (without
+    importing torch: see scaffold.machine)."""
+    found = machine.accelerator()
     return {
-        "machine_device": device,
-        "machine_cuda_precision": "fp16" if cuda_fp16_only else "bf16",
-        "unavailable_packages": _importable_top_level_names(),
+        "machine_device": found.device,
+        "machine_cuda_precision": found.cuda_precision,
+        "unavailable_packages": machine.importable_top_level_names(),
     }
-
-
-def device_available(device: str) -> bool:
-    """Whether this machine can run on `device` (cpu, cuda or mps)."""
-    if device == "cpu":
-        return True
-    import torch
-
-    if device == "cuda":
-        return torch.cuda.is_available()
-    if device == "mps":
-        return torch.backends.mps.is_available()
-    return False
 
 
 def resolved_defaults(template: Path | None = None) -> dict[str, Any]:
@@ -162,16 +141,3 @@ def _type_of(value: Any) -> str:
     if isinstance(value, float):
         return "float"
     return "str"
-
-
-def _importable_top_level_names() -> list[str]:
-    """Standard-library modules and top-level names importable in this environment: a project
-    package with one of these names would shadow it. The working directory is left out: it is
-    where the command runs, not the environment the project will run in."""
-    cwd = {"", ".", str(Path.cwd())}
-    paths = [p for p in sys.path if p not in cwd]
-    names = set(sys.stdlib_module_names)
-    names |= set(sys.builtin_module_names)
-    names |= {module.name for module in pkgutil.iter_modules(paths)}
-    names |= set(importlib.metadata.packages_distributions())
-    return sorted(names)
