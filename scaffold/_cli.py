@@ -18,7 +18,9 @@ from typing import Annotated, Any
 
 import typer
 
-from scaffold import __version__, check, machine, matrix, questions, render, update
+# Only what building the command line needs is imported here; each command imports what it runs
+# (copier, the matrix's runner), so that `scaffold new` loads no more than a render needs.
+from scaffold import __version__, machine, questions
 from scaffold.errors import ScaffoldError
 
 # The click that typer runs on: the `click` package, or the copy newer typers carry inside.
@@ -128,6 +130,8 @@ def new(
     answers: dict[str, Any],
 ) -> int:
     """Create a project in DEST. On a terminal, asks every question no flag answers."""
+    from scaffold import check, render
+
     ask = not defaults and sys.stdin.isatty() and sys.stdout.isatty()
     project = render.new_project(dest, answers, ask=ask, force=force, git=git)
     name = project.answers.get("project_name", project.path.name)
@@ -155,6 +159,8 @@ def check_(
     ] = None,
 ) -> int:
     """Run a project's checks (`python -m <pkg> check all`) and exit with their status."""
+    from scaffold import check
+
     return check.run_checks(directory, device.value if device else None, say=_note)
 
 
@@ -172,6 +178,8 @@ def update_(
 
     A git three-way merge: your edits stay. Commit your changes first.
     """
+    from scaffold import update
+
     result = update.update_project(directory, answers)
     for name, (saved, now) in result.changed_answers.items():
         print(f"{name}: {saved} -> {now}" if saved is not None else f"{name}: {now} (new)")
@@ -245,6 +253,8 @@ def matrix_(
     ] = False,
 ) -> int:
     """Render, lint and check every valid combination of answers (or those --only selects)."""
+    from scaffold import matrix
+
     combos = matrix.select(matrix.combinations(), only or [])
     if shard:
         combos = matrix.shard(combos, shard)

@@ -8,21 +8,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import yaml
-
 from scaffold.errors import UsageError
 from scaffold.machine import device_available
-from scaffold.questions import package_name
-
-ANSWERS_FILE = ".copier-answers.yml"
-
-
-def project_answers(project: Path) -> dict:
-    """The answers a project was rendered with ({} when it has no answers file)."""
-    path = project / ANSWERS_FILE
-    if not path.is_file():
-        return {}
-    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+from scaffold.questions import answers_file, package_name, project_answers
 
 
 def project_package(project: Path) -> str:
@@ -33,7 +21,7 @@ def project_package(project: Path) -> str:
     packages = sorted(p.parent.name for p in (project / "src").glob("*/__main__.py"))
     if len(packages) != 1:
         raise UsageError(
-            f"{project} is not a scaffold project: no {ANSWERS_FILE}, and "
+            f"{project} is not a scaffold project: no {answers_file()}, and "
             f"{len(packages)} packages under src/ instead of one"
         )
     return packages[0]

@@ -18,6 +18,8 @@ from scaffold import machine
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
+# copier's own default for `_answers_file`.
+_COPIER_ANSWERS_FILE = ".copier-answers.yml"
 # Questions whose flag is not `--<name-with-dashes>`.
 _FLAG_NAMES = {"project_name": "--name"}
 
@@ -57,13 +59,30 @@ def template_dir() -> Path:
 
 
 @functools.cache
+def _copier_yml(template: Path | None = None) -> dict[str, Any]:
+    path = (template or template_dir()) / "copier.yml"
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
 def load_questions(template: Path | None = None) -> dict[str, Question]:
     """Every question of `template`'s copier.yml (default: scaffold's own), in file order."""
-    path = (template or template_dir()) / "copier.yml"
-    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    config = _copier_yml(template)
     return {
         name: _question(name, spec) for name, spec in config.items() if not name.startswith("_")
     }
+
+
+def answers_file(template: Path | None = None) -> str:
+    """Where in a project copier records its answers: copier.yml's `_answers_file`."""
+    return str(_copier_yml(template).get("_answers_file", _COPIER_ANSWERS_FILE))
+
+
+def project_answers(project: Path, template: Path | None = None) -> dict[str, Any]:
+    """The answers `project` was rendered with ({} when it has no answers file)."""
+    path = project / answers_file(template)
+    if not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 
 
 def asked_questions(template: Path | None = None) -> list[Question]:
