@@ -260,7 +260,7 @@ def matrix_(
         combos = matrix.shard(combos, shard)
     if list_:
         for answers in combos:
-            print(" ".join(f"{k}={matrix._spelling(v)}" for k, v in answers.items()))
+            print(" ".join(f"{k}={matrix.spelling(v)}" for k, v in answers.items()))
         return 0
     if not combos:
         _note("no combination matches")

@@ -74,7 +74,21 @@ def answer_validator(template: Path) -> Callable[[dict[str, Any]], str | None]:
         raise RuntimeError(f"this copier has no Worker._ask (checked with {COPIER_CHECKED})")
     probe = Path(tempfile.gettempdir()) / "scaffold-matrix-probe" / "probe"
     worker = worker_class(src_path=str(template), dst_path=probe, defaults=True, quiet=True)
-    cache_compiled_templates(worker.jinja_env)
+    env = worker.jinja_env
+    cache_compiled_templates(env)
+    # Thousands of calls render the same few hundred expressions: keep each compiled Template
+    # (they are immutable), not only its code, as copier asks for it again by its text.
+    from_string = env.from_string
+    templates: dict[str, Any] = {}
+
+    def cached_from_string(source: Any, globals: Any = None, template_class: Any = None) -> Any:
+        if globals is not None or template_class is not None or not isinstance(source, str):
+            return from_string(source, globals, template_class)
+        if source not in templates:
+            templates[source] = from_string(source)
+        return templates[source]
+
+    env.from_string = cached_from_string
 
     def validate(answers: dict[str, Any]) -> str | None:
         worker.data = dict(answers)
@@ -118,7 +132,7 @@ def cache_compiled_templates(env: Any, folder: Path | None = None) -> None:
     version, Jinja's, the environment's syntax options and extensions, and the source."""
     folder = folder or _cache_folder()
     compile_ = env.compile
-    memory: dict[str, Any] = {}
+    memory: dict[tuple[Any, ...], Any] = {}
     settings = repr(
         (
             importlib.util.MAGIC_NUMBER,
@@ -133,16 +147,15 @@ def cache_compiled_templates(env: Any, folder: Path | None = None) -> None:
                defer_init: bool = False) -> Any:  # fmt: skip
         if raw or not isinstance(source, str):
             return compile_(source, name, filename, raw, defer_init)
-        key = hashlib.sha256(
-            repr((settings, name, filename, defer_init, source)).encode()
-        ).hexdigest()
-        if key in memory:
-            return memory[key]
+        seen = (source, name, filename, defer_init)
+        if seen in memory:
+            return memory[seen]
+        key = hashlib.sha256(repr((settings, *seen)).encode()).hexdigest()
         code = _load(folder, key)
         if code is None:
             code = compile_(source, name, filename, raw, defer_init)
             _store(folder, key, code)
-        memory[key] = code
+        memory[seen] = code
         return code
 
     env.compile = cached
