@@ -6,8 +6,10 @@
 Times, as real processes without a terminal, interleaved round by round so that a noisy machine
 slows each alike: `python -c pass` (the interpreter), `python -c "import copier"` (the renderer
 every render needs), `scaffold new DEST --defaults --no-git`, and `scaffold new DEST --defaults`
-(git repository and first commit included). Prints the median and the range of each. Runs the
-scaffold of the checkout this script is in (PYTHONPATH set to it), whatever is installed.
+(git repository and first commit included), and that once more with SCAFFOLD_NO_CACHE=1 (every
+Jinja template compiled afresh, as on the first run after an install or a template change).
+Prints the median and the range of each. Runs the scaffold of the checkout this script is in
+(PYTHONPATH set to it), whatever is installed.
 """
 
 from __future__ import annotations
@@ -49,14 +51,17 @@ def main(argv: list[str] | None = None) -> int:
         'python -c "import copier"': [sys.executable, "-c", "import copier"],
         "scaffold new DEST --defaults --no-git": [*scaffold, "{dest}", "--defaults", "--no-git"],
         "scaffold new DEST --defaults": [*scaffold, "{dest}", "--defaults"],
+        "  the same, templates compiled afresh": [*scaffold, "{dest}", "--defaults"],
     }
+    uncached = {**env, "SCAFFOLD_NO_CACHE": "1"}
     times: dict[str, list[float]] = {label: [] for label in commands}
     with tempfile.TemporaryDirectory() as tmp:
         for round_ in range(args.repeats):
             for n, (label, command) in enumerate(commands.items()):
                 dest = Path(tmp) / f"demo{round_}x{n}"
                 filled = [part.replace("{dest}", str(dest)) for part in command]
-                times[label].append(timed(filled, Path(tmp), env))
+                own = uncached if "afresh" in label else env
+                times[label].append(timed(filled, Path(tmp), own))
     print(f"{os.cpu_count()} CPUs; median (min-max) of {args.repeats} interleaved runs")
     width = max(map(len, times))
     for label, values in times.items():
