@@ -102,7 +102,7 @@ def _warm_compiler() -> None:
     use in a process initialises its machinery lazily (1-2 s, in every compile check)."""
     import torch
 
-    forget = torch._dynamo.reset  # type: ignore[attr-defined]
+    forget = torch.compiler.reset
     forget()
     twice = torch.compile(lambda x: (x * 2).sum())
     twice(torch.ones(3, requires_grad=True)).backward()
