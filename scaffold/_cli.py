@@ -20,7 +20,7 @@ import typer
 
 # Only what building the command line needs is imported here; each command imports what it runs
 # (copier, the matrix's runner), so that `scaffold new` loads no more than a render needs.
-from scaffold import __version__, machine, questions
+from scaffold import __version__, questions
 from scaffold.errors import ScaffoldError
 
 # The click that typer runs on: the `click` package, or the copy newer typers carry inside.
@@ -305,43 +305,8 @@ def options() -> int:
     """List every question `scaffold new` asks, with its choices and default."""
     defaults = questions.resolved_defaults()
     for question in questions.asked_questions():
-        print(_describe(question, defaults.get(question.name)))
+        print(questions.describe(question, defaults.get(question.name)))
     return 0
-
-
-def _describe(question: questions.Question, default: Any) -> str:
-    lines = [f"{question.name} ({_flag_usage(question)})"]
-    if question.help:
-        lines.append(f"    {question.help}")
-    if question.choices:
-        labels = [
-            c.label if c.label.startswith(str(c.value)) else f"{c.value}: {c.label}"
-            for c in question.choices
-        ]
-        lines.append("    choices: " + ", ".join(labels))
-    lines.append(f"    default: {_default_text(question, default)}")
-    return "\n".join(lines)
-
-
-def _flag_usage(question: questions.Question) -> str:
-    if question.type == "bool":
-        return f"{question.flag}/--no-{question.flag.removeprefix('--')}"
-    if question.choices:
-        return f"{question.flag} {'|'.join(str(v) for v in question.values)}"
-    return f"{question.flag} {'N' if question.type == 'int' else 'TEXT'}"
-
-
-def _default_text(question: questions.Question, default: Any) -> str:
-    written = str(question.default)
-    if "dst_path" in written:
-        return "the name of DEST's folder"
-    if question.type == "bool":
-        return question.flag if default else f"--no-{question.flag.removeprefix('--')}"
-    if "machine_" in written:  # a default copier.yml takes from scaffold.machine's findings
-        return f"{default} (on this machine: {machine.accelerator().evidence})"
-    if "{{" in written or "{%" in written:
-        return f"{default} (on this machine)"
-    return str(default)
 
 
 def _note(message: str) -> None:

@@ -124,6 +124,42 @@ def resolved_defaults(template: Path | None = None) -> dict[str, Any]:
         return {q.name: answers.get(q.name) for q in asked_questions(template)}
 
 
+def describe(question: Question, default: Any) -> str:
+    """A question as `scaffold options` lists it: flag, help, choices, default here."""
+    lines = [f"{question.name} ({_flag_usage(question)})"]
+    if question.help:
+        lines.append(f"    {question.help}")
+    if question.choices:
+        labels = [
+            c.label if c.label.startswith(str(c.value)) else f"{c.value}: {c.label}"
+            for c in question.choices
+        ]
+        lines.append("    choices: " + ", ".join(labels))
+    lines.append(f"    default: {_default_text(question, default)}")
+    return "\n".join(lines)
+
+
+def _flag_usage(question: Question) -> str:
+    if question.type == "bool":
+        return f"{question.flag}/--no-{question.flag.removeprefix('--')}"
+    if question.choices:
+        return f"{question.flag} {'|'.join(str(v) for v in question.values)}"
+    return f"{question.flag} {'N' if question.type == 'int' else 'TEXT'}"
+
+
+def _default_text(question: Question, default: Any) -> str:
+    written = str(question.default)
+    if "dst_path" in written:
+        return "the name of DEST's folder"
+    if question.type == "bool":
+        return question.flag if default else f"--no-{question.flag.removeprefix('--')}"
+    if "machine_" in written:  # a default copier.yml takes from scaffold.machine's findings
+        return f"{default} (on this machine: {machine.accelerator().evidence})"
+    if "{{" in written or "{%" in written:
+        return f"{default} (on this machine)"
+    return str(default)
+
+
 def _question(name: str, spec: Any) -> Question:
     if not isinstance(spec, dict):  # copier's shorthand `name: default`
         return Question(name=name, type=_type_of(spec), help="", default=spec)

@@ -54,7 +54,7 @@ def check_sizes(answers: dict[str, Any]) -> dict[str, Any]:
     return {**CHECK_SIZES, **CHECK_SIZES_BY_TASK.get(str(answers.get("task")), {})}
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(kw_only=True)
 class Outcome:
     """What became of one combination."""
 
@@ -192,7 +192,14 @@ def _run_one(job: Job) -> Outcome:
     shutil.rmtree(job.folder, ignore_errors=True)
 
     def fail(step: str, output: str) -> Outcome:
-        return Outcome(job.answers, False, step, seconds, output, project)
+        return Outcome(
+            answers=job.answers,
+            passed=False,
+            step=step,
+            seconds=seconds,
+            output=output,
+            project=project,
+        )
 
     start = time.perf_counter()
     try:
@@ -217,7 +224,7 @@ def _run_one(job: Job) -> Outcome:
         return fail("check", output)
     if not job.keep:
         shutil.rmtree(job.folder, ignore_errors=True)
-    return Outcome(job.answers, True, "check", seconds, "", None)
+    return Outcome(answers=job.answers, passed=True, step="check", seconds=seconds, output="")
 
 
 def _gpu_present() -> bool:
