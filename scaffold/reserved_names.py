@@ -20,11 +20,10 @@ import sys
 from pathlib import Path
 
 COPIER_YML = Path(__file__).resolve().parent.parent / "templates" / "copier.yml"
-# Imported by generated projects, their trackers and tests, or too common to shadow.
+# What generated projects import (their trackers and tests too), and the packaging tools.
 COMMON = (
     "torch", "torchvision", "torchaudio", "numpy", "tqdm", "tensorboard", "wandb", "mlflow",
-    "matplotlib", "pandas", "scipy", "sklearn", "jax", "transformers", "datasets", "yaml",
-    "pytest", "setuptools", "pip", "pkg_resources", "copier", "scaffold",
+    "matplotlib", "pytest", "yaml", "setuptools", "pip", "pkg_resources",
 )  # fmt: skip
 # The line of copier.yml that holds the list.
 _LINE = re.compile(r"^(  default: )\[(?P<names>[^\]]*)\]  # reserved names: .*$", re.M)
