@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
                 dest = Path(tmp) / f"first-{task}-{i}"
                 new = scaffold_command("new", str(dest), "--defaults", "--task", task)
                 new_times.append(timed(new, Path(tmp)))
-                command = check_command(dest, check_device(dest, None, say=lambda _: None))
+                command = check_command(dest, device=check_device(dest, None, say=lambda _: None))
                 env = dict(os.environ, PYTHONPATH=str(dest / "src"))
                 check_times.append(timed(command, dest, env))
             together = [a + b for a, b in zip(new_times, check_times, strict=True)]

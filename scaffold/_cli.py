@@ -18,7 +18,9 @@ from typing import Annotated, Any
 
 import typer
 
-from scaffold import __version__, check, matrix, questions, render, update
+# Only what building the command line needs is imported here; each command imports what it runs
+# (copier, the matrix's runner), so that `scaffold new` loads no more than a render needs.
+from scaffold import __version__, questions
 from scaffold.errors import ScaffoldError
 
 # The click that typer runs on: the `click` package, or the copy newer typers carry inside.
@@ -128,6 +130,8 @@ def new(
     answers: dict[str, Any],
 ) -> int:
     """Create a project in DEST. On a terminal, asks every question no flag answers."""
+    from scaffold import check, render
+
     ask = not defaults and sys.stdin.isatty() and sys.stdout.isatty()
     project = render.new_project(dest, answers, ask=ask, force=force, git=git)
     name = project.answers.get("project_name", project.path.name)
@@ -155,6 +159,8 @@ def check_(
     ] = None,
 ) -> int:
     """Run a project's checks (`python -m <pkg> check all`) and exit with their status."""
+    from scaffold import check
+
     return check.run_checks(directory, device.value if device else None, say=_note)
 
 
@@ -172,6 +178,8 @@ def update_(
 
     A git three-way merge: your edits stay. Commit your changes first.
     """
+    from scaffold import update
+
     result = update.update_project(directory, answers)
     for name, (saved, now) in result.changed_answers.items():
         print(f"{name}: {saved} -> {now}" if saved is not None else f"{name}: {now} (new)")
@@ -245,12 +253,14 @@ def matrix_(
     ] = False,
 ) -> int:
     """Render, lint and check every valid combination of answers (or those --only selects)."""
+    from scaffold import matrix
+
     combos = matrix.select(matrix.combinations(), only or [])
     if shard:
         combos = matrix.shard(combos, shard)
     if list_:
         for answers in combos:
-            print(" ".join(f"{k}={matrix._spelling(v)}" for k, v in answers.items()))
+            print(" ".join(f"{k}={matrix.spelling(v)}" for k, v in answers.items()))
         return 0
     if not combos:
         _note("no combination matches")
@@ -295,41 +305,8 @@ def options() -> int:
     """List every question `scaffold new` asks, with its choices and default."""
     defaults = questions.resolved_defaults()
     for question in questions.asked_questions():
-        print(_describe(question, defaults.get(question.name)))
+        print(questions.describe(question, defaults.get(question.name)))
     return 0
-
-
-def _describe(question: questions.Question, default: Any) -> str:
-    lines = [f"{question.name} ({_flag_usage(question)})"]
-    if question.help:
-        lines.append(f"    {question.help}")
-    if question.choices:
-        labels = [
-            c.label if c.label.startswith(str(c.value)) else f"{c.value}: {c.label}"
-            for c in question.choices
-        ]
-        lines.append("    choices: " + ", ".join(labels))
-    lines.append(f"    default: {_default_text(question, default)}")
-    return "\n".join(lines)
-
-
-def _flag_usage(question: questions.Question) -> str:
-    if question.type == "bool":
-        return f"{question.flag}/--no-{question.flag.removeprefix('--')}"
-    if question.choices:
-        return f"{question.flag} {'|'.join(str(v) for v in question.values)}"
-    return f"{question.flag} {'N' if question.type == 'int' else 'TEXT'}"
-
-
-def _default_text(question: questions.Question, default: Any) -> str:
-    written = str(question.default)
-    if "dst_path" in written:
-        return "the name of DEST's folder"
-    if question.type == "bool":
-        return question.flag if default else f"--no-{question.flag.removeprefix('--')}"
-    if "{{" in written or "{%" in written:
-        return f"{default} (on this machine)"
-    return str(default)
 
 
 def _note(message: str) -> None:

@@ -5,23 +5,13 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-
-import yaml
+from typing import Any
 
 from scaffold.errors import UsageError
-from scaffold.questions import device_available, package_name
-
-ANSWERS_FILE = ".copier-answers.yml"
-
-
-def project_answers(project: Path) -> dict:
-    """The answers a project was rendered with ({} when it has no answers file)."""
-    path = project / ANSWERS_FILE
-    if not path.is_file():
-        return {}
-    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+from scaffold.machine import device_available
+from scaffold.questions import answers_file, package_name, project_answers
 
 
 def project_package(project: Path) -> str:
@@ -32,17 +22,23 @@ def project_package(project: Path) -> str:
     packages = sorted(p.parent.name for p in (project / "src").glob("*/__main__.py"))
     if len(packages) != 1:
         raise UsageError(
-            f"{project} is not a scaffold project: no {ANSWERS_FILE}, and "
+            f"{project} is not a scaffold project: no {answers_file()}, and "
             f"{len(packages)} packages under src/ instead of one"
         )
     return packages[0]
 
 
-def check_command(project: Path, device: str | None = None) -> list[str]:
-    """The command line that runs every check of `project`, with this Python."""
+def check_command(
+    project: Path, *, device: str | None = None, options: Mapping[str, Any] | None = None
+) -> list[str]:
+    """The command line that runs every check of `project` with this Python: `python -m <pkg>
+    check all`, with `--device` when given and each of `options` (config fields such as
+    batch_size) as the project's own `--batch-size VALUE`."""
     command = [sys.executable, "-m", project_package(project), "check", "all"]
     if device:
         command += ["--device", device]
+    for name, value in (options or {}).items():
+        command += ["--" + name.replace("_", "-"), str(value)]
     return command
 
 
@@ -64,7 +60,7 @@ def run_checks(
     project = Path(os.path.abspath(project))
     if not project.is_dir():
         raise UsageError(f"{project} is not a folder")
-    command = check_command(project, check_device(project, device, say))
+    command = check_command(project, device=check_device(project, device, say))
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in (str(project / "src"), env.get("PYTHONPATH")) if p

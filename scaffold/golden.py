@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from scaffold.matrix import combinations
+from scaffold.combinations import combinations
 
 GOLDEN_DIR = Path(__file__).resolve().parent.parent / "tests" / "golden"
 

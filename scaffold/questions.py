@@ -7,9 +7,6 @@ validators: everything here is derived from it, nothing re-lists an option.
 from __future__ import annotations
 
 import functools
-import importlib.metadata
-import pkgutil
-import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,8 +14,12 @@ from typing import Any
 
 import yaml
 
+from scaffold import machine
+
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
+# copier's own default for `_answers_file`.
+_COPIER_ANSWERS_FILE = ".copier-answers.yml"
 # Questions whose flag is not `--<name-with-dashes>`.
 _FLAG_NAMES = {"project_name": "--name"}
 
@@ -58,13 +59,30 @@ def template_dir() -> Path:
 
 
 @functools.cache
+def _copier_yml(template: Path | None = None) -> dict[str, Any]:
+    path = (template or template_dir()) / "copier.yml"
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
 def load_questions(template: Path | None = None) -> dict[str, Question]:
     """Every question of `template`'s copier.yml (default: scaffold's own), in file order."""
-    path = (template or template_dir()) / "copier.yml"
-    config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    config = _copier_yml(template)
     return {
         name: _question(name, spec) for name, spec in config.items() if not name.startswith("_")
     }
+
+
+def answers_file(template: Path | None = None) -> str:
+    """Where in a project copier records its answers: copier.yml's `_answers_file`."""
+    return str(_copier_yml(template).get("_answers_file", _COPIER_ANSWERS_FILE))
+
+
+def project_answers(project: Path, template: Path | None = None) -> dict[str, Any]:
+    """The answers `project` was rendered with ({} when it has no answers file)."""
+    path = project / answers_file(template)
+    if not path.is_file():
+        return {}
+    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
 
 
 def asked_questions(template: Path | None = None) -> list[Question]:
@@ -79,34 +97,14 @@ def package_name(project_name: str) -> str:
 
 @functools.cache
 def machine_facts() -> dict[str, Any]:
-    """The answers of copier.yml's hidden machine questions, measured on this machine."""
-    import torch  # slow to import: only when a project is rendered or checked
-
-    if torch.cuda.is_available():
-        device = "cuda"
-    elif torch.backends.mps.is_available():
-        device = "mps"
-    else:
-        device = "cpu"
-    cuda_fp16_only = device == "cuda" and not torch.cuda.is_bf16_supported()
+    """The answers of copier.yml's hidden machine questions, found on this machine (without
+    importing torch: see scaffold.machine)."""
+    found = machine.accelerator()
     return {
-        "machine_device": device,
-        "machine_cuda_precision": "fp16" if cuda_fp16_only else "bf16",
-        "unavailable_packages": _importable_top_level_names(),
+        "machine_device": found.device,
+        "machine_cuda_precision": found.cuda_precision,
+        "unavailable_packages": machine.importable_top_level_names(),
     }
-
-
-def device_available(device: str) -> bool:
-    """Whether this machine can run on `device` (cpu, cuda or mps)."""
-    if device == "cpu":
-        return True
-    import torch
-
-    if device == "cuda":
-        return torch.cuda.is_available()
-    if device == "mps":
-        return torch.backends.mps.is_available()
-    return False
 
 
 def resolved_defaults(template: Path | None = None) -> dict[str, Any]:
@@ -124,6 +122,42 @@ def resolved_defaults(template: Path | None = None) -> dict[str, Any]:
         )
         answers = worker.answers.combined
         return {q.name: answers.get(q.name) for q in asked_questions(template)}
+
+
+def describe(question: Question, default: Any) -> str:
+    """A question as `scaffold options` lists it: flag, help, choices, default here."""
+    lines = [f"{question.name} ({_flag_usage(question)})"]
+    if question.help:
+        lines.append(f"    {question.help}")
+    if question.choices:
+        labels = [
+            c.label if c.label.startswith(str(c.value)) else f"{c.value}: {c.label}"
+            for c in question.choices
+        ]
+        lines.append("    choices: " + ", ".join(labels))
+    lines.append(f"    default: {_default_text(question, default)}")
+    return "\n".join(lines)
+
+
+def _flag_usage(question: Question) -> str:
+    if question.type == "bool":
+        return f"{question.flag}/--no-{question.flag.removeprefix('--')}"
+    if question.choices:
+        return f"{question.flag} {'|'.join(str(v) for v in question.values)}"
+    return f"{question.flag} {'N' if question.type == 'int' else 'TEXT'}"
+
+
+def _default_text(question: Question, default: Any) -> str:
+    written = str(question.default)
+    if "dst_path" in written:
+        return "the name of DEST's folder"
+    if question.type == "bool":
+        return question.flag if default else f"--no-{question.flag.removeprefix('--')}"
+    if "machine_" in written:  # a default copier.yml takes from scaffold.machine's findings
+        return f"{default} (on this machine: {machine.accelerator().evidence})"
+    if "{{" in written or "{%" in written:
+        return f"{default} (on this machine)"
+    return str(default)
 
 
 def _question(name: str, spec: Any) -> Question:
@@ -162,16 +196,3 @@ def _type_of(value: Any) -> str:
     if isinstance(value, float):
         return "float"
     return "str"
-
-
-def _importable_top_level_names() -> list[str]:
-    """Standard-library modules and top-level names importable in this environment: a project
-    package with one of these names would shadow it. The working directory is left out: it is
-    where the command runs, not the environment the project will run in."""
-    cwd = {"", ".", str(Path.cwd())}
-    paths = [p for p in sys.path if p not in cwd]
-    names = set(sys.stdlib_module_names)
-    names |= set(sys.builtin_module_names)
-    names |= {module.name for module in pkgutil.iter_modules(paths)}
-    names |= set(importlib.metadata.packages_distributions())
-    return sorted(names)

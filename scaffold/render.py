@@ -7,25 +7,20 @@ leaves DEST as it was.
 
 from __future__ import annotations
 
-import contextlib
 import filecmp
 import os
 import re
 import shutil
-import signal
-import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import copier
 from copier.errors import CopierError, InteractiveSessionError
 
-from scaffold import __version__
+from scaffold import __version__, _compat
 from scaffold.errors import (
     DestinationError,
     Interrupted,
@@ -33,16 +28,9 @@ from scaffold.errors import (
     ScaffoldError,
     UsageError,
 )
+from scaffold.git import commit_first_render
+from scaffold.interrupts import signals_deferred, sigterm_raises_keyboard_interrupt
 from scaffold.questions import asked_questions, load_questions, machine_facts, template_dir
-
-# The messages copier's ValueErrors carry when an answer is not acceptable.
-_COPIER_ANSWER_ERROR = re.compile(
-    r"^(Validation error for question '(?P<validated>\w+)': "
-    r"|Invalid choice for '(?P<choice>\w+)': )"
-)
-_GIT_FALLBACK_IDENTITY = ("-c", "user.name=scaffold", "-c", "user.email=scaffold@localhost")
-# The branch of a project's repository that holds its pristine renders, the base of every update.
-PRISTINE_BRANCH = "scaffold/template"
 
 
 @dataclass(frozen=True)
@@ -77,18 +65,18 @@ def new_project(
     ancestor = next(p for p in dest.parents if p.is_dir())
     staging: Path | None = None
     try:
-        with _sigterm_raises_keyboard_interrupt():
-            with _signals_deferred():  # an interrupt cannot fall between mkdtemp and `staging =`
+        with sigterm_raises_keyboard_interrupt():
+            with signals_deferred():  # an interrupt cannot fall between mkdtemp and `staging =`
                 staging = _make_staging(ancestor, dest.name)
             # Rendered under DEST's own name, so copier's default project name is DEST's name.
             rendered = staging / dest.name
             try:
-                worker = _run_copier(template, rendered, data, ask=ask)
+                worker = run_copier(template, rendered, data, ask=ask)
                 if git and not existing:
-                    _git_commit(rendered, files=None)
+                    commit_first_render(rendered, files=None, message=_first_message())
             except KeyboardInterrupt:
                 raise Interrupted("interrupted: nothing was written") from None
-            with _signals_deferred():
+            with signals_deferred():
                 files = _move_into_place(rendered, dest, existing)
             status = "skipped"
             if git and not existing:
@@ -96,11 +84,11 @@ def new_project(
             elif git and (dest / ".git").exists():
                 status = "existing repository"
             elif git:
-                _git_commit(dest, files=files)
+                commit_first_render(dest, files=files, message=_first_message())
                 status = "committed"
     finally:
         if staging is not None:
-            with _signals_deferred():
+            with signals_deferred():
                 _remove_tree(staging)
     recorded = worker.answers.combined
     return NewProject(
@@ -143,9 +131,11 @@ def parse_answers(answers: Mapping[str, Any], template: Path | None = None) -> d
     return parsed
 
 
-def _run_copier(template: Path, rendered: Path, data: dict[str, Any], *, ask: bool):
+def run_copier(template: Path, rendered: Path, data: dict[str, Any], *, ask: bool) -> Any:
+    """Render `template` into the new folder `rendered` with copier; returns copier's worker
+    (its `answers.combined` are the answers recorded). Errors become `ScaffoldError`s."""
     try:
-        return copier.run_copy(
+        return _compat.run_copy(
             str(template),
             rendered,
             data=data,
@@ -154,33 +144,31 @@ def _run_copier(template: Path, rendered: Path, data: dict[str, Any], *, ask: bo
             unsafe=False,
             cleanup_on_error=True,
         )
-    except ValueError as err:
-        match = _COPIER_ANSWER_ERROR.match(str(err))
-        if match is None:
-            raise ScaffoldError(f"the template failed to render: {err}") from None
-        raise InvalidAnswerError(_answer_error_message(match, str(err), template, data)) from None
     except KeyboardInterrupt:  # copier's CopierAnswersInterrupt is a CopierError too
         raise
     except InteractiveSessionError:
         raise UsageError("no terminal to ask the questions on: pass --defaults") from None
-    except CopierError as err:
+    except CopierError as err:  # the template is broken: ConfigFileError and the like
         raise ScaffoldError(f"the template failed to render: {err}") from None
+    except ValueError as err:  # copier's questionnaire refused an answer
+        refused = _compat.answer_error(err)
+        if refused is None:
+            raise ScaffoldError(f"the template failed to render: {err}") from None
+        raise InvalidAnswerError(_answer_error_message(refused, template, data)) from None
 
 
 def _answer_error_message(
-    match: re.Match[str], message: str, template: Path, data: Mapping[str, Any]
+    refused: _compat.AnswerError, template: Path, data: Mapping[str, Any]
 ) -> str:
     """One line naming the flag, from copier's "Validation error for question 'x': ..."."""
-    name = match["validated"] or match["choice"]
-    detail = message[match.end() :].strip()
-    question = load_questions(template).get(name)
+    question = load_questions(template).get(refused.question)
     if question is None or question.hidden:
-        return f"{name}: {detail}"
-    if match["choice"]:
-        return f"{question.flag}: {detail}"
-    if name == "project_name":  # copier.yml's messages about the name stand on their own
-        return detail
-    return f"{question.flag} {detail}, got {data.get(name)!r}"
+        return f"{refused.question}: {refused.detail}"
+    if refused.kind == "choice":
+        return f"{question.flag}: {refused.detail}"
+    if question.name == "project_name":  # copier.yml's messages about the name stand on their own
+        return refused.detail
+    return f"{question.flag} {refused.detail}, got {data.get(question.name)!r}"
 
 
 def _check_destination(dest: Path, force: bool) -> bool:
@@ -235,93 +223,5 @@ def _differs(new: Path, old: Path) -> bool:
     return old.is_symlink() or not old.is_file() or not filecmp.cmp(new, old, shallow=False)
 
 
-def _git_commit(project: Path, files: list[Path] | None) -> None:
-    """Make `project` a git repository with one commit of `files` (None: everything in it).
-
-    That commit is the pristine render too: PRISTINE_BRANCH starts there (see scaffold.update).
-    """
-    _git(project, "init", "-q")
-    identity = () if _git_identity_configured(project) else _GIT_FALLBACK_IDENTITY
-    if files is None:
-        _git(project, "add", "-A")
-    else:
-        _git(project, "add", "--", *map(str, files))
-    message = f"Initial project from scaffold {__version__}"
-    _git(project, *identity, "commit", "-q", "--no-verify", "--no-gpg-sign", "-m", message)
-    _git(project, "branch", "--no-track", PRISTINE_BRANCH)
-
-
-def _git_identity_configured(project: Path) -> bool:
-    return all(
-        _git(project, "config", "--get", key, check=False).returncode == 0
-        for key in ("user.name", "user.email")
-    )
-
-
-def _git(
-    project: Path, *args: str, check: bool = True, index: Path | None = None
-) -> subprocess.CompletedProcess[str]:
-    """Run git in `project`; `index`: a separate index file, leaving the project's alone."""
-    # A GIT_DIR or GIT_WORK_TREE of the calling shell (a git hook, say) must not redirect us.
-    env = {k: v for k, v in os.environ.items() if k not in _GIT_LOCATION_VARIABLES}
-    if index is not None:
-        env["GIT_INDEX_FILE"] = str(index)
-    try:
-        process = subprocess.Popen(
-            ["git", *args],
-            cwd=project,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-    except FileNotFoundError:
-        raise ScaffoldError("git is not installed: install it, or pass --no-git") from None
-    try:
-        stdout, stderr = process.communicate()
-    except BaseException:
-        # Interrupted: git must be gone before its folder is removed, or it writes on into it.
-        process.kill()
-        with _signals_deferred():
-            process.wait()
-        raise
-    result = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-    if check and result.returncode != 0:
-        reason = (result.stderr.strip().splitlines() or ["no message"])[-1]
-        raise ScaffoldError(f"git {args[0]} failed in {project}: {reason}")
-    return result
-
-
-_GIT_LOCATION_VARIABLES = {"GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT_DIRECTORY"}
-
-
-@contextlib.contextmanager
-def _sigterm_raises_keyboard_interrupt() -> Iterator[None]:
-    """Treat SIGTERM like Ctrl-C, so that `finally` blocks clean up either way."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def interrupt(signum: int, frame: Any) -> None:
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, interrupt)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextlib.contextmanager
-def _signals_deferred() -> Iterator[None]:
-    """Hold Ctrl-C and SIGTERM back while files move, so a move is never left half-done."""
-    if not hasattr(signal, "pthread_sigmask"):
-        yield
-        return
-    held = {signal.SIGINT, signal.SIGTERM}
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, held)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+def _first_message() -> str:
+    return f"Initial project from scaffold {__version__}"

@@ -1,7 +1,7 @@
 """Bring template changes and changed answers into a project whose owner has edited it.
 
 A project's git repository keeps its pristine renders, untouched by anyone, on the branch
-`render.PRISTINE_BRANCH`; `scaffold new` starts it at the project's first commit. An update
+`git.PRISTINE_BRANCH`; `scaffold new` starts it at the project's first commit. An update
 renders the installed template with the project's saved answers (changed by any given), commits
 that tree onto the branch with the previous pristine render as its parent, and `git merge`s the
 branch into the current one. Git's three-way merge then takes the previous pristine render as its
@@ -25,18 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from scaffold import __version__
-from scaffold.check import ANSWERS_FILE, project_answers
+from scaffold import __version__, git
 from scaffold.errors import ScaffoldError, UsageError
-from scaffold.questions import asked_questions, machine_facts, package_name, template_dir
-from scaffold.render import (
-    _GIT_FALLBACK_IDENTITY,
-    PRISTINE_BRANCH,
-    _git,
-    _git_identity_configured,
-    _run_copier,
-    parse_answers,
+from scaffold.git import PRISTINE_BRANCH
+from scaffold.questions import (
+    answers_file,
+    asked_questions,
+    machine_facts,
+    package_name,
+    project_answers,
+    template_dir,
 )
+from scaffold.render import parse_answers, run_copier
 
 _PRISTINE_REF = f"refs/heads/{PRISTINE_BRANCH}"
 
@@ -68,49 +68,49 @@ def update_project(
     project = Path(os.path.realpath(project))
     template = template or template_dir()
     changes = parse_answers(answers or {}, template)
-    _check_repository(project)
+    _check_repository(project, template)
     previous = _pristine_tip(project)
     saved = _saved_answers(project, template)
     data = {**saved, **changes}
 
     with tempfile.TemporaryDirectory(prefix="scaffold-update-") as scratch:
         rendered = Path(scratch) / project.name
-        worker = _run_copier(template, rendered, {**data, **_machine_facts(data)}, ask=False)
-        tree = _tree_of(project, rendered, index=Path(scratch) / "index")
+        worker = run_copier(template, rendered, {**data, **_machine_facts(data)}, ask=False)
+        tree = git.store_tree(project, rendered, index=Path(scratch) / "index")
     now = worker.answers.combined
     changed = {
         q.name: (saved.get(q.name), now.get(q.name))
         for q in asked_questions(template)
         if q.name not in saved or saved[q.name] != now.get(q.name)
     }
-    branch = _current_branch(project)
+    branch = git.current_branch(project)
 
-    if tree == _git(project, "rev-parse", f"{previous}^{{tree}}").stdout.strip():
+    if tree == git.run(project, "rev-parse", f"{previous}^{{tree}}").stdout.strip():
         pristine = previous
-        if _is_ancestor(project, pristine, "HEAD"):
+        if git.is_ancestor(project, pristine, "HEAD"):
             return Update(project, "up to date", branch, changed)
     else:
         pristine = _commit_render(project, tree, previous, now, template)
     return _merge(project, pristine, previous, branch, changed)
 
 
-def _check_repository(project: Path) -> None:
-    if not (project / ANSWERS_FILE).is_file():
-        raise UsageError(f"{project} is not a scaffold project: it has no {ANSWERS_FILE}")
-    top = _git(project, "rev-parse", "--show-toplevel", check=False)
+def _check_repository(project: Path, template: Path) -> None:
+    if not (project / answers_file(template)).is_file():
+        raise UsageError(f"{project} is not a scaffold project: it has no {answers_file(template)}")
+    top = git.run(project, "rev-parse", "--show-toplevel", check=False)
     if top.returncode != 0 or Path(os.path.realpath(top.stdout.strip())) != project:
         raise UsageError(
             f"{project} is not a git repository, so it has no pristine render to merge from: "
             "scaffold update needs a project made by `scaffold new` without --no-git"
         )
-    if _git(project, "rev-parse", "-q", "--verify", "MERGE_HEAD", check=False).returncode == 0:
+    if git.run(project, "rev-parse", "-q", "--verify", "MERGE_HEAD", check=False).returncode == 0:
         raise UsageError(
             f"a merge is in progress in {project}: finish it (git commit) or abort it "
             "(git merge --abort), then run scaffold update again"
         )
     # --no-optional-locks: a refused project is left byte for byte as it was, its index too.
     status = ("--no-optional-locks", "status", "--porcelain", "--untracked-files=no")
-    dirty = _git(project, *status).stdout.splitlines()
+    dirty = git.run(project, *status).stdout.splitlines()
     if dirty:
         raise UsageError(
             f"{project} has uncommitted changes ({len(dirty)} files, such as "
@@ -122,7 +122,7 @@ def _check_repository(project: Path) -> None:
 def _pristine_tip(project: Path) -> str:
     """The newest pristine render: the local branch, or a remote's copy of it (a fresh clone
     has only `origin/<branch>`; a remote's may also be ahead, pushed from another machine)."""
-    refs = _git(project, "for-each-ref", "--format=%(refname) %(objectname)", "refs/").stdout
+    refs = git.run(project, "for-each-ref", "--format=%(refname) %(objectname)", "refs/").stdout
     tips = {}
     for line in refs.splitlines():
         name, sha = line.split()
@@ -138,14 +138,14 @@ def _pristine_tip(project: Path) -> str:
     tip = tips.get(_PRISTINE_REF) or tips.get(f"refs/remotes/origin/{PRISTINE_BRANCH}")
     tip = tip or next(iter(tips.values()))
     for other in tips.values():  # fast-forward to a remote copy that is strictly ahead
-        if other != tip and _is_ancestor(project, tip, other):
+        if other != tip and git.is_ancestor(project, tip, other):
             tip = other
     return tip
 
 
 def _saved_answers(project: Path, template: Path) -> dict[str, Any]:
     """The project's recorded answers to the questions `template` still asks."""
-    recorded = project_answers(project)
+    recorded = project_answers(project, template)
     return {q.name: recorded[q.name] for q in asked_questions(template) if q.name in recorded}
 
 
@@ -158,24 +158,13 @@ def _machine_facts(data: Mapping[str, Any]) -> dict[str, Any]:
     return facts
 
 
-def _tree_of(project: Path, rendered: Path, *, index: Path) -> str:
-    """Store the files of `rendered` in `project`'s repository; return their tree's id.
-
-    A separate index and work tree: the project's own index and files are not touched.
-    """
-    git_dir = _git(project, "rev-parse", "--absolute-git-dir").stdout.strip()
-    elsewhere = ("--git-dir", git_dir, "--work-tree", str(rendered))
-    _git(rendered, *elsewhere, "add", "-A", index=index)
-    return _git(rendered, *elsewhere, "write-tree", index=index).stdout.strip()
-
-
 def _commit_render(
     project: Path, tree: str, parent: str, answers: Mapping[str, Any], template: Path
 ) -> str:
     listed = "\n".join(f"{q.name}: {answers.get(q.name)}" for q in asked_questions(template))
     message = f"Render the template of scaffold {__version__}\n\nAnswers:\n{listed}\n"
-    result = _git(
-        project, *_identity(project), "commit-tree", "--no-gpg-sign", tree, "-p", parent,
+    result = git.run(
+        project, *git.identity(project), "commit-tree", "--no-gpg-sign", tree, "-p", parent,
         "-m", message,
     )  # fmt: skip
     return result.stdout.strip()
@@ -185,13 +174,13 @@ def _merge(
     project: Path, pristine: str, previous: str, branch: str, changed: dict[str, tuple[Any, Any]]
 ) -> Update:
     """Merge `pristine` into HEAD; move the pristine branch there once the merge has begun."""
-    before = _git(project, "rev-parse", "HEAD").stdout.strip()
+    before = git.run(project, "rev-parse", "HEAD").stdout.strip()
     message = f"Update from the template of scaffold {__version__}"
-    merged = _git(
-        project, *_identity(project), "merge", "--no-ff", "--no-edit", "--no-verify",
+    merged = git.run(
+        project, *git.identity(project), "merge", "--no-ff", "--no-edit", "--no-verify",
         "--no-gpg-sign", "--no-autostash", "-m", message, pristine, check=False,
     )  # fmt: skip
-    in_progress = _git(project, "rev-parse", "-q", "--verify", "MERGE_HEAD", check=False)
+    in_progress = git.run(project, "rev-parse", "-q", "--verify", "MERGE_HEAD", check=False)
     if merged.returncode != 0 and in_progress.returncode != 0:
         reason = (merged.stderr.strip() or merged.stdout.strip() or "no message").splitlines()
         raise ScaffoldError(
@@ -199,26 +188,10 @@ def _merge(
             + " ".join(line.strip() for line in reason)
         )
     # Old value: empty when the branch exists only as a remote's copy (a fresh clone).
-    old = _git(project, "rev-parse", "-q", "--verify", _PRISTINE_REF, check=False).stdout.strip()
-    _git(project, "update-ref", "-m", "scaffold update", _PRISTINE_REF, pristine, old or "")
+    old = git.run(project, "rev-parse", "-q", "--verify", _PRISTINE_REF, check=False).stdout.strip()
+    git.run(project, "update-ref", "-m", "scaffold update", _PRISTINE_REF, pristine, old or "")
     if merged.returncode != 0:
-        conflicts = _git(project, "diff", "--name-only", "--diff-filter=U").stdout.splitlines()
+        conflicts = git.run(project, "diff", "--name-only", "--diff-filter=U").stdout.splitlines()
         return Update(project, "conflicts", branch, changed, conflicts)
-    files = _git(project, "diff", "--name-only", before, "HEAD").stdout.splitlines()
+    files = git.run(project, "diff", "--name-only", before, "HEAD").stdout.splitlines()
     return Update(project, "merged", branch, changed, files)
-
-
-def _current_branch(project: Path) -> str:
-    result = _git(project, "symbolic-ref", "-q", "--short", "HEAD", check=False)
-    if result.returncode == 0:
-        return result.stdout.strip()
-    return _git(project, "rev-parse", "--short", "HEAD").stdout.strip()
-
-
-def _is_ancestor(project: Path, ancestor: str, descendant: str) -> bool:
-    result = _git(project, "merge-base", "--is-ancestor", ancestor, descendant, check=False)
-    return result.returncode == 0
-
-
-def _identity(project: Path) -> tuple[str, ...]:
-    return () if _git_identity_configured(project) else _GIT_FALLBACK_IDENTITY

@@ -24,7 +24,7 @@ from conftest import REPO, snapshot
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from scaffold import render
+from scaffold import _compat, render
 from scaffold.errors import UsageError
 from scaffold.matrix import combinations
 from scaffold.questions import asked_questions, package_name, template_dir
@@ -340,13 +340,13 @@ def test_no_render_unpickles(tmp_path, tally, answers):
 
 def test_copier_runs_without_unsafe_features(tmp_path, monkeypatch):
     calls = []
-    real = render.copier.run_copy
+    real = _compat.run_copy
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(render.copier, "run_copy", spy)
+    monkeypatch.setattr(_compat, "run_copy", spy)
     render.new_project(tmp_path / "demo", {}, git=False)
 
     assert len(calls) == 1 and calls[0]["unsafe"] is False
@@ -354,7 +354,7 @@ def test_copier_runs_without_unsafe_features(tmp_path, monkeypatch):
     config = yaml.safe_load((template_dir() / "copier.yml").read_text())
     # the features copier only runs with --trust/unsafe: none in the template
     assert not {"_tasks", "_migrations", "_jinja_extensions", "_external_data"} & config.keys()
-    for source in (REPO / "scaffold").glob("*.py"):
+    for source in (REPO / "scaffold").rglob("*.py"):
         text = source.read_text()
         assert "unsafe=True" not in text and "--trust" not in text and "--UNSAFE" not in text
 

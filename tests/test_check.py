@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from scaffold.questions import device_available
+from scaffold.machine import device_available
 
 SUMMARY = ("**Run:**", "**Sanity:**", "**Throughput:**")
 

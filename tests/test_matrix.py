@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scaffold import matrix
+from scaffold.matrix import fork, runner
 from scaffold.questions import package_name
 
 pytestmark = pytest.mark.skipif(not matrix.forking_supported(), reason="checks fork on Linux")
@@ -60,15 +61,24 @@ def _fake_project(folder: Path, mode: str) -> Path:
 def _check_fake(folder: Path, mode: str, ddp: bool, timeout: float | None) -> tuple[int, str]:
     project = _fake_project(folder, mode)
     answers = {"distributed": "ddp" if ddp else "none"}
-    job = matrix._Job(answers, folder, None, False, 1, True, timeout, True)
-    return matrix._run_check_forked(project, job)
+    job = matrix.Job(
+        answers=answers,
+        folder=folder,
+        template=None,
+        native_device=False,
+        threads=1,
+        keep=True,
+        timeout=timeout,
+        fork=True,
+    )
+    return runner._run_check_forked(project, job)
 
 
 def _in_worker(*args) -> tuple[int, str]:
     """Run a fake check from a matrix worker, as run_matrix does (not from pytest itself)."""
     context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(
-        1, mp_context=context, initializer=matrix._start_worker, initargs=(1, False)
+        1, mp_context=context, initializer=fork.start_worker, initargs=(1, False)
     ) as pool:
         return pool.submit(_check_fake, *args).result()
 
@@ -78,7 +88,9 @@ def test_a_passing_check_runs_as_python_dash_m(tmp_path):
 
     assert status == 0
     project = tmp_path / matrix.LONGEST_NAME
-    assert f"args ['check', 'all', '--device', 'cpu'] rank None of None in {project}" in output
+    sizes = ["--batch-size", "8", "--val-fraction", "0.01"]
+    args = ["check", "all", "--device", "cpu", *sizes]
+    assert f"args {args} rank None of None in {project}" in output
     package = package_name(matrix.LONGEST_NAME)
     assert f"main __main__ package {package} path0 {project}" in output
     assert output.rstrip().endswith("exit handler of rank None")

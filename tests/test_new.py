@@ -282,7 +282,7 @@ def test_interrupted_render_leaves_nothing(scaffold, tmp_path, monkeypatch, how)
             raise KeyboardInterrupt
         os.kill(os.getpid(), signal.SIGTERM)
 
-    monkeypatch.setattr(render, "_git_commit", interrupt)
+    monkeypatch.setattr(render, "commit_first_render", interrupt)
 
     ran = scaffold("new", tmp_path / "demo")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from scaffold.machine import accelerator
 from scaffold.questions import asked_questions, machine_facts
 
 
@@ -36,4 +37,5 @@ def test_options_shows_the_defaults_of_this_machine(scaffold):
     ran = scaffold("options")
 
     device = machine_facts()["machine_device"]
-    assert f"default: {device} (on this machine)" in blocks(ran.stdout)["device"]
+    evidence = accelerator().evidence
+    assert f"default: {device} (on this machine: {evidence})" in blocks(ran.stdout)["device"]

@@ -18,8 +18,9 @@ from conftest import snapshot
 
 from scaffold import update
 from scaffold.errors import ScaffoldError
+from scaffold.git import PRISTINE_BRANCH
 from scaffold.questions import load_questions, machine_facts, template_dir
-from scaffold.render import PRISTINE_BRANCH, new_project
+from scaffold.render import new_project
 
 # Answers pinned so that a GPU machine's defaults do not change what an update changes.
 PINNED = ("--device", "cpu", "--precision", "fp32", "--no-compile", "--grad-accum-steps", "1")

@@ -1,0 +1,118 @@
+"""The valid combinations of answers: enumerated from copier.yml, selected, dealt into shards.
+
+The combinations come from templates/copier.yml alone: the product of every asked question's
+values (the project name aside), less those copier's own validators refuse (choice validators
+such as "ddp is not for mps"). The matrix runs them; the golden renders pick two of them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import re
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from scaffold import _compat
+from scaffold.errors import UsageError
+from scaffold.questions import Question, asked_questions, template_dir
+
+# Integer questions have no choices to enumerate; DESIGN.md fixes the values the matrix takes.
+INT_VALUES = {"grad_accum_steps": (1, 4)}
+
+
+def values(question: Question) -> tuple[Any, ...]:
+    """The values a question takes in the matrix."""
+    if question.choices:
+        return question.values
+    if question.type == "bool":
+        return (False, True)
+    if question.name in INT_VALUES:
+        return INT_VALUES[question.name]
+    raise ValueError(f"no matrix values for question {question.name!r} ({question.type})")
+
+
+def varied_questions(template: Path | None = None) -> list[Question]:
+    """The questions whose answers make the combinations: every asked one but the name."""
+    return [q for q in asked_questions(template) if q.name != "project_name"]
+
+
+def all_combinations(template: Path | None = None) -> list[dict[str, Any]]:
+    """Every combination of the asked questions' values (the project name aside), in file order,
+    valid or not."""
+    questions = varied_questions(template)
+    names = [q.name for q in questions]
+    return [
+        dict(zip(names, product, strict=True))
+        for product in itertools.product(*(values(q) for q in questions))
+    ]
+
+
+def combinations(template: Path | None = None) -> list[dict[str, Any]]:
+    """Every valid combination, in file order: those copier's validators accept."""
+    validate = _compat.answer_validator(template or template_dir())
+    return [answers for answers in all_combinations(template) if validate(answers) is None]
+
+
+def combination_id(answers: dict[str, Any]) -> str:
+    """A short readable name: classification-none-cpu-fp32-grad1-nocompile."""
+    parts = []
+    for name, value in answers.items():
+        if isinstance(value, bool):
+            parts.append(name if value else f"no{name}")
+        elif isinstance(value, int):
+            parts.append(f"{name.split('_')[0]}{value}")
+        else:
+            parts.append(str(value))
+    return "-".join(parts)
+
+
+def select(
+    combos: Sequence[dict[str, Any]], only: Iterable[str], template: Path | None = None
+) -> list[dict[str, Any]]:
+    """The combinations matching every KEY=VALUE of `only` (keys and values from copier.yml)."""
+    questions = {q.name: q for q in varied_questions(template)}
+    wanted: dict[str, Any] = {}
+    for item in only:
+        key, sep, text = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in questions:
+            known = ", ".join(questions)
+            raise UsageError(f"--only {item!r}: expected KEY=VALUE with KEY one of {known}")
+        taken = values(questions[key])
+        matches = [v for v in taken if _spelled(v, text.strip())]
+        if not matches:
+            listed = ", ".join(spelling(v) for v in taken)
+            raise UsageError(f"--only {item!r}: {key} takes {listed} in the matrix")
+        wanted[key] = matches[0]
+    return [c for c in combos if all(c[k] == v for k, v in wanted.items())]
+
+
+def spelling(value: Any) -> str:
+    """How an answer is written in KEY=VALUE: yes and no for booleans."""
+    return ("yes" if value else "no") if isinstance(value, bool) else str(value)
+
+
+def _spelled(value: Any, text: str) -> bool:
+    if isinstance(value, bool):
+        return text.lower() in (("yes", "true", "1") if value else ("no", "false", "0"))
+    return str(value) == text
+
+
+def shard(combos: Sequence[dict[str, Any]], spec: str) -> list[dict[str, Any]]:
+    """Slice I of N (1 <= I <= N), deterministic, the slices together exactly `combos`.
+
+    Combinations are dealt round-robin in the order of a hash of their names, not in file
+    order (where a stride can fall in step with the inner questions: every shard all compile
+    or none), so each slice is a fair sample of the matrix and slices take similar times."""
+    match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
+    if not match or not 1 <= int(match[1]) <= int(match[2]):
+        raise UsageError(f"--shard {spec!r}: expected I/N with 1 <= I <= N, such as 2/8")
+    index, count = int(match[1]), int(match[2])
+    dealt = sorted(range(len(combos)), key=lambda i: _stable_hash(combination_id(combos[i])))
+    return [combos[i] for i in sorted(dealt[index - 1 :: count])]
+
+
+def _stable_hash(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

@@ -1,0 +1,76 @@
+"""Lint a rendered project as rendered: ruff with the project's own config, no template residue,
+no code of an option not chosen."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+from typing import Any
+
+from scaffold.errors import ScaffoldError
+
+RESIDUE = re.compile(r"\{%-?\s|\s-?%\}|\{\{\s|\s\}\}|\{#|#\}|\.jinja\b")
+_TRACKER_MARKERS = {"tensorboard": "SummaryWriter", "wandb": "wandb", "mlflow": "mlflow"}
+_DISTRIBUTED_MARKERS = ("torch.distributed", "DistributedDataParallel", "torchrun")
+
+
+def lint_problems(project: Path, answers: dict[str, Any]) -> list[str]:
+    """Why `project`, rendered with `answers`, is not clean as rendered ([] when it is): ruff
+    with the project's own config, template residue, and code for options not chosen."""
+    problems = []
+    for command in (
+        ["ruff", "check", "--no-cache", "--output-format", "concise", "."],
+        ["ruff", "format", "--no-cache", "--check", "--diff", "."],
+    ):
+        try:
+            result = subprocess.run(command, cwd=project, capture_output=True, text=True)
+        except FileNotFoundError:
+            raise ScaffoldError("ruff is not installed: pip install ruff") from None
+        if result.returncode != 0:
+            problems.append(f"`{' '.join(command[:2])}` failed:\n{result.stdout}{result.stderr}")
+
+    files = [p for p in sorted(project.rglob("*")) if p.is_file() and ".git" not in p.parts]
+    for path in files:
+        text = path.read_text(encoding="utf-8")
+        where = path.relative_to(project)
+        if RESIDUE.search(text):
+            problems.append(f"template residue in {where}")
+        if "REPLACE ME" in text or "TODO" in text:
+            problems.append(f"a REPLACE ME or TODO left in {where}")
+    source = "\n".join(p.read_text(encoding="utf-8") for p in files if p.suffix == ".py")
+    try:
+        compile(source, "<project>", "exec")
+    except SyntaxError as err:
+        problems.append(f"the project's Python does not parse: {err}")
+
+    precision, device = answers.get("precision"), answers.get("device")
+    ddp = answers.get("distributed", "none") == "ddp"
+    expect = [
+        ("GradScaler", precision == "fp16", "fp16"),
+        ("autocast", precision != "fp32", "bf16 or fp16"),
+        ("torch.compile", bool(answers.get("compile")), "compile"),
+        ("set_float32_matmul_precision", device == "cuda", "cuda"),
+        ("torch.mps", device == "mps", "mps"),
+        ("torch.cuda.get_rng_state", device == "cuda", "cuda"),
+        ("def sample(", answers.get("task") == "generation", "generation"),
+    ]
+    expect += [(marker, ddp, "ddp") for marker in _DISTRIBUTED_MARKERS if marker != "torchrun"]
+    expect += [
+        (marker, answers.get("tracker") == tracker, tracker)
+        for tracker, marker in _TRACKER_MARKERS.items()
+    ]
+    for marker, wanted, option in expect:
+        if (marker in source) != wanted:
+            state = "missing although" if wanted else "present although not"
+            problems.append(f"{marker!r} {state} {option} was chosen")
+    everything = "\n".join(p.read_text(encoding="utf-8") for p in files)
+    if not ddp and "torchrun" in everything:
+        problems.append("'torchrun' present although not ddp was chosen")
+    pyproject = (project / "pyproject.toml").read_text(encoding="utf-8")
+    for tracker in _TRACKER_MARKERS:
+        chosen = answers.get("tracker") == tracker
+        if (f'"{tracker}' in pyproject) != chosen:
+            state = "missing from" if chosen else "in"
+            problems.append(f"the {tracker} dependency is {state} pyproject.toml")
+    return problems

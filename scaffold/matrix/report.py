@@ -1,0 +1,106 @@
+"""What `scaffold matrix` prints and writes about the outcomes: progress, summary, JUnit XML."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+from xml.etree import ElementTree
+
+if TYPE_CHECKING:
+    from scaffold.matrix.runner import Outcome
+
+STEPS = ("render", "lint", "check")
+
+
+def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
+    """The table printed at the end: counts, times, the slowest combinations, each failure."""
+    passed = [o for o in outcomes if o.passed]
+    failed = [o for o in outcomes if not o.passed]
+    rendered = sum("render" in o.seconds and o.step != "render" for o in outcomes)
+    linted = sum("lint" in o.seconds and o.step != "lint" for o in outcomes)
+    checked = sum("check" in o.seconds for o in outcomes)
+    lines = [
+        f"combinations {len(outcomes)}: passed {len(passed)}, failed {len(failed)} "
+        f"(rendered {rendered}, lint-clean {linted}, checks run {checked})",
+    ]
+    if outcomes:
+        totals = sorted(o.total for o in outcomes)
+        lines.append(
+            f"time per combination: median {_median(totals):.1f} s, slowest {totals[-1]:.1f} s; "
+            + ", ".join(
+                f"{step} median {_median(times):.1f} s"
+                for step in STEPS
+                if (times := [o.seconds[step] for o in outcomes if step in o.seconds])
+            )
+        )
+        by_task: dict[str, list[float]] = {}
+        for o in outcomes:
+            key = f"{o.answers.get('task')}{'+compile' if o.answers.get('compile') else ''}"
+            by_task.setdefault(key, []).append(o.total)
+        lines.append(
+            "median by task: "
+            + ", ".join(f"{k} {_median(sorted(v)):.1f} s" for k, v in sorted(by_task.items()))
+        )
+        lines.append("slowest:")
+        width = max(len(o.name) for o in outcomes)
+        for o in sorted(outcomes, key=lambda o: -o.total)[:slowest]:
+            steps = "  ".join(f"{s} {o.seconds[s]:5.1f}" for s in STEPS if s in o.seconds)
+            lines.append(f"  {o.name:<{width}}  {o.total:6.1f} s  ({steps})")
+    for o in failed:
+        lines.append("")
+        where = f" (kept in {o.project})" if o.project else ""
+        lines.append(f"FAILED {o.name} at {o.step}{where}")
+        lines.append(_indent(o.tail()))
+    lines.append(f"matrix wall time: {_duration(wall)}")
+    return "\n".join(lines)
+
+
+def write_junit(outcomes: Sequence[Outcome], path: Path, wall: float) -> None:
+    """A JUnit XML report: one test case a combination, its failing step as the failure."""
+    suite = ElementTree.Element(
+        "testsuite",
+        name="scaffold matrix",
+        tests=str(len(outcomes)),
+        failures=str(sum(not o.passed for o in outcomes)),
+        errors="0",
+        time=f"{wall:.3f}",
+    )
+    for o in outcomes:
+        case = ElementTree.SubElement(
+            suite,
+            "testcase",
+            classname=f"matrix.{o.answers.get('task', 'project')}",
+            name=o.name,
+            time=f"{o.total:.3f}",
+        )
+        if not o.passed:
+            failure = ElementTree.SubElement(case, "failure", message=f"{o.step} failed")
+            failure.text = o.tail(200)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    ElementTree.ElementTree(suite).write(path, encoding="utf-8", xml_declaration=True)
+
+
+def progress_line(outcome: Outcome, done: int, total: int, failed: int, elapsed: float) -> str:
+    status = "ok" if outcome.passed else f"FAILED at {outcome.step}"
+    return (
+        f"[{done}/{total}] {failed} failed, {_duration(elapsed)}: "
+        f"{outcome.name} {status} ({outcome.total:.1f} s)"
+    )
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def _duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    return f"{minutes}m{secs:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())

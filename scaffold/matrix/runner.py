@@ -1,0 +1,287 @@
+"""The matrix's runner: each combination rendered, linted and checked, `jobs` at a time.
+
+Each worker process imports torch (and the rest of fork.PRELOAD) once; each check then runs the
+project's `python -m <pkg> check all` in a process forked from that worker (scaffold.matrix.fork),
+or, with `fresh` or where forking is not safe, as a fresh interpreter.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from scaffold.check import check_command
+from scaffold.combinations import combination_id
+from scaffold.errors import ScaffoldError
+from scaffold.matrix import fork
+from scaffold.matrix.lint import lint_problems
+
+# copier.yml's longest project name: rendered lines must stay within the line length with it.
+LONGEST_NAME = "a-long-project-name-to-fill-forty-chars1"
+
+# Smaller sizes for the checks in the matrix, passed as the project's own config options: each
+# task's Config has these fields (config.py is rendered from the task answer). The checks stay
+# exactly as strict: the same overfit target, the same bit-for-bit resume, the same
+# loader-versus-compute comparison, the same steps (the resume check's follow from the
+# accumulation, not the batch).
+# - Micro-batches of 8, the overfit check's batch: the compiled step is traced once for both,
+#   and fp16, which the CPU runs slowly, took 90 ms a step at 256 x 4 (9 s of checks, now 1).
+# - A validation split of 1%: each of the resume check's validations went over all of it (978
+#   windows of text, most of that check's time).
+# - The transformer's defaults take minutes on a CPU: one layer 64 wide over 16 characters. Its
+#   overfit then takes ~70 steps, not ~30 (of at most 300), but each step a quarter of the time:
+#   with fp16, which the CPU runs slowly, its checks took 15 s at width 128, 6 s at 64. The
+#   MLPs keep their sizes (their overfit passes in 4 steps; a narrower MLP needs ~35).
+CHECK_SIZES = {"batch_size": 8, "val_fraction": 0.01}
+CHECK_SIZES_BY_TASK = {"generation": {"n_layer": 1, "block_size": 16, "n_embd": 64}}
+
+_TAIL_LINES = 40
+
+
+def check_sizes(answers: dict[str, Any]) -> dict[str, Any]:
+    """The config options a combination's check runs with."""
+    return {**CHECK_SIZES, **CHECK_SIZES_BY_TASK.get(str(answers.get("task")), {})}
+
+
+@dataclasses.dataclass(kw_only=True)
+class Outcome:
+    """What became of one combination."""
+
+    answers: dict[str, Any]
+    passed: bool
+    step: str  # the step that failed, or "check" (the last) when all passed
+    seconds: dict[str, float]  # per step run
+    output: str  # the failing step's output (empty when passed)
+    project: Path | None = None  # kept when it failed
+
+    @property
+    def name(self) -> str:
+        return combination_id(self.answers)
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    def tail(self, lines: int = _TAIL_LINES) -> str:
+        return "\n".join(self.output.rstrip().splitlines()[-lines:])
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Job:
+    """One combination to render, lint and check, as a worker receives it."""
+
+    answers: dict[str, Any]
+    folder: Path  # rendered into folder/LONGEST_NAME; check.log beside it
+    template: Path | None
+    native_device: bool  # check on the project's own device, not --device cpu
+    threads: int  # OMP_NUM_THREADS of the check
+    keep: bool  # keep the project when it passes
+    timeout: float | None
+    fork: bool  # run the check in a process forked from the worker, else a fresh interpreter
+
+
+def run_matrix(
+    combos: Sequence[dict[str, Any]],
+    *,
+    jobs: int | None = None,
+    workdir: Path | None = None,
+    native_device: bool = False,
+    keep: bool = False,
+    timeout: float | None = None,
+    template: Path | None = None,
+    fresh: bool = False,
+    on_done: Callable[[Outcome, int, int], None] = lambda outcome, done, total: None,
+) -> list[Outcome]:
+    """Render, lint and check each combination, `jobs` at a time (default: the CPU count).
+
+    Checks run on the CPU (`--device cpu`) unless `native_device`; a check that runs past
+    `timeout` seconds is stopped and fails. Projects that pass are
+    deleted unless `keep`; a failing one stays, under `workdir`. Outcomes keep `combos`' order.
+
+    Each worker imports torch (and the rest of fork.PRELOAD) once; each check then runs the
+    project's `python -m <pkg> check all` in a process forked from that worker, ddp ones as two
+    rank processes started the way torchrun starts them. With `fresh`, or where forking is not safe
+    (macOS, Windows, a machine with a GPU), each check is a fresh interpreter running that
+    command, ddp ones under the project's own torchrun.
+    """
+    jobs = max(1, jobs or os.cpu_count() or 1)
+    own_workdir = workdir is None
+    workdir = Path(workdir or tempfile.mkdtemp(prefix="scaffold-matrix-")).resolve()
+    workdir.mkdir(parents=True, exist_ok=True)
+    # One inductor cache for every compile combination: the same kernels compile once.
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(workdir / "inductor-cache"))
+    # Kernels compile in the checking process: with every core busy with a job, a pool of compile
+    # workers (each a fresh interpreter importing torch) only adds its start-up.
+    os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    forked = not fresh and fork.forking_supported()
+    work = [
+        Job(
+            answers=dict(c),
+            folder=workdir / f"{i:04d}",
+            template=template,
+            native_device=native_device,
+            threads=threads,
+            keep=keep,
+            timeout=timeout,
+            fork=forked,
+        )
+        for i, c in enumerate(combos)
+    ]
+    outcomes: dict[int, Outcome] = {}
+    with concurrent.futures.ProcessPoolExecutor(
+        max_workers=jobs,
+        initializer=fork.start_worker,
+        initargs=(threads, forked, forked and any(c.get("compile") for c in combos)),
+    ) as pool:
+        futures = {pool.submit(_run_one, work[i]): i for i in schedule(combos)}
+        try:
+            for future in concurrent.futures.as_completed(futures):
+                outcome = future.result()
+                outcomes[futures[future]] = outcome
+                on_done(outcome, len(outcomes), len(work))
+        except KeyboardInterrupt:
+            for future in futures:
+                future.cancel()
+            raise
+    if own_workdir and not keep and all(o.passed for o in outcomes.values()):
+        shutil.rmtree(workdir, ignore_errors=True)
+    return [outcomes[i] for i in range(len(work))]
+
+
+# Compile combinations alike in these answers compile the same kernels (the tracker, the
+# accumulation, ddp with the small models' single gradient bucket and, with the checks on the
+# CPU, the device leave the compiled graphs alone): the first of each family fills the inductor
+# cache (measured: the others then take 2-6 s, the first 8-32 s).
+COMPILE_FAMILY = ("task", "precision")
+
+
+def schedule(combos: Sequence[dict[str, Any]]) -> list[int]:
+    """The order combinations start in: the first compile combination of each family first
+    (each family's kernels compile once, while the other jobs compile other families), then
+    the rest in order, finding their kernels in the cache."""
+    seen: set[tuple[Any, ...]] = set()
+    first, rest = [], []
+    for i, answers in enumerate(combos):
+        family = tuple(answers.get(k) for k in COMPILE_FAMILY)
+        if answers.get("compile") and family not in seen:
+            seen.add(family)
+            first.append(i)
+        else:
+            rest.append(i)
+    return first + rest
+
+
+def _run_one(job: Job) -> Outcome:
+    """Render, lint and check one combination (in a worker process)."""
+    from scaffold.render import new_project  # copier and torch load once per worker
+
+    seconds: dict[str, float] = {}
+    project = job.folder / LONGEST_NAME
+    shutil.rmtree(job.folder, ignore_errors=True)
+
+    def fail(step: str, output: str) -> Outcome:
+        return Outcome(
+            answers=job.answers,
+            passed=False,
+            step=step,
+            seconds=seconds,
+            output=output,
+            project=project,
+        )
+
+    start = time.perf_counter()
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            new_project(project, job.answers, git=False, template=job.template)
+    except ScaffoldError as err:
+        seconds["render"] = time.perf_counter() - start
+        return fail("render", str(err))
+    seconds["render"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    problems = lint_problems(project, job.answers)
+    seconds["lint"] = time.perf_counter() - start
+    if problems:
+        return fail("lint", "\n".join(problems))
+
+    start = time.perf_counter()
+    forked = job.fork and not _gpu_present()
+    returncode, output = _run_check_forked(project, job) if forked else _run_check(project, job)
+    seconds["check"] = time.perf_counter() - start
+    if returncode != 0:
+        return fail("check", output)
+    if not job.keep:
+        shutil.rmtree(job.folder, ignore_errors=True)
+    return Outcome(answers=job.answers, passed=True, step="check", seconds=seconds, output="")
+
+
+def _gpu_present() -> bool:
+    """Whether torch sees a GPU here: CUDA is not fork-safe once initialised (and rendering
+    has asked torch about the machine), so such a machine's checks start fresh interpreters."""
+    torch = sys.modules.get("torch")
+    return torch is not None and torch.cuda.is_available()
+
+
+def _check_command(project: Path, job: Job) -> list[str]:
+    """`python -m <pkg> check all`, on the CPU unless native_device, with the check sizes."""
+    device = None if job.native_device else "cpu"
+    return check_command(project, device=device, options=check_sizes(job.answers))
+
+
+def _run_check(project: Path, job: Job) -> tuple[int, str]:
+    """Run the project's checks in a fresh interpreter in its own process group; on timeout,
+    stop the whole group (torchrun and its ranks too)."""
+    process = subprocess.Popen(
+        _check_command(project, job),
+        cwd=project,
+        env=_check_env(project, job.threads),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = process.communicate(timeout=job.timeout)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        return -1, f"timed out after {job.timeout:.0f} s\n{output}"
+    return process.returncode, f"exit status {process.returncode}\n{output}"
+
+
+def _run_check_forked(project: Path, job: Job) -> tuple[int, str]:
+    """The check in a process forked from this warm worker (see scaffold.matrix.fork)."""
+    return fork.run_check_forked(
+        project,
+        _check_command(project, job),
+        env=_check_env(project, job.threads),
+        ranks=fork.DDP_PROCESSES if job.answers.get("distributed") == "ddp" else 1,
+        log=job.folder / "check.log",
+        timeout=job.timeout,
+    )
+
+
+def _check_env(project: Path, threads: int) -> dict[str, str]:
+    env = dict(fork.fresh_state().environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(project / "src"), env.get("PYTHONPATH")) if p
+    )
+    # Jobs in parallel share the cores: one intra-op pool each, not one each per core.
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    env.setdefault("WANDB_MODE", "offline")
+    env.setdefault("WANDB_SILENT", "true")
+    return env

@@ -1,0 +1,125 @@
+"""The private APIs scaffold/_compat.py relies on (checked against copier 9.19.1 and CPython
+3.11) still have the shape and behaviour it expects: a failure here names what changed."""
+
+from __future__ import annotations
+
+import atexit
+import inspect
+import multiprocessing.util
+import os
+import threading
+
+import copier
+import jinja2
+import pytest
+
+from scaffold import _compat
+from scaffold.golden import differences
+from scaffold.questions import template_dir
+
+
+def test_copier_has_the_worker_scaffold_drives():
+    worker = _compat.copier_worker_class()
+
+    assert worker is not None, f"copier {copier.__version__} has no usable Worker"
+    assert list(inspect.signature(worker._ask).parameters) == ["self"]
+    fields = inspect.signature(worker).parameters
+    for name in ("src_path", "dst_path", "data", "defaults", "quiet", "unsafe", "pretend"):
+        assert name in fields, name
+
+
+def test_a_render_through_the_worker_equals_copier_run_copy(tmp_path):
+    data = {"project_name": "demo", "task": "generation", "compile": True}
+    public = tmp_path / "public" / "demo"
+    private = tmp_path / "private" / "demo"
+    copier.run_copy(str(template_dir()), public, data=data, defaults=True, quiet=True)
+    worker = _compat.run_copy(str(template_dir()), private, data=data, defaults=True, quiet=True)
+
+    assert differences(public, private) == []
+    assert worker.answers.combined["task"] == "generation"
+
+
+def test_the_validator_runs_copier_s_own_questionnaire():
+    validate = _compat.answer_validator(template_dir())
+
+    assert validate({"task": "regression"}) is None
+    refused = validate({"device": "mps", "distributed": "ddp"})
+    assert refused is not None and "not available on mps" in refused
+
+
+@pytest.mark.parametrize(
+    ("data", "question", "kind"),
+    [
+        ({"task": "poetry"}, "task", "choice"),
+        ({"grad_accum_steps": 0}, "grad_accum_steps", "validator"),
+        ({"device": "mps", "distributed": "ddp"}, "distributed", "choice"),
+    ],
+)
+def test_copier_s_answer_errors_are_read(tmp_path, data, question, kind):
+    with pytest.raises(ValueError) as raised:
+        copier.run_copy(str(template_dir()), tmp_path / "demo", data=data, defaults=True)
+
+    assert not isinstance(raised.value, copier.errors.CopierError)  # no type of its own
+    refused = _compat.answer_error(raised.value)
+    assert refused is not None, str(raised.value)
+    assert (refused.question, refused.kind) == (question, kind)
+    assert refused.detail and question not in refused.detail.split(":")[0]
+
+
+def test_compiled_templates_are_reused_across_environments(tmp_path, monkeypatch):
+    compiled = []
+    real = jinja2.Environment.compile
+
+    def counting(self, *args, **kwargs):
+        compiled.append(args[0])
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(jinja2.Environment, "compile", counting)
+    renders = []
+    for _ in range(2):
+        env = jinja2.Environment(trim_blocks=True)
+        _compat.cache_compiled_templates(env, tmp_path)
+        renders.append(env.from_string("{% for i in n %}{{ i }}{% endfor %}").render(n=[1, 2]))
+        renders.append(env.from_string("{{ x }}").render(x=3))
+
+    assert renders == ["12", "3", "12", "3"]
+    assert len(compiled) == 2  # the second environment found both on disk
+    other = jinja2.Environment(trim_blocks=False)  # other syntax options: other code
+    _compat.cache_compiled_templates(other, tmp_path)
+    other.from_string("{{ x }}")
+    assert len(compiled) == 3
+
+
+def test_the_standard_library_exit_machinery_is_there():
+    for module, name in [
+        (atexit, "_clear"),
+        (atexit, "_run_exitfuncs"),
+        (threading, "_shutdown"),
+        (multiprocessing.util, "_exit_function"),
+    ]:
+        assert callable(getattr(module, name, None)), f"{module.__name__}.{name}"
+    assert isinstance(getattr(threading, "_threading_atexits", []), list)
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_a_fork_runs_only_the_exit_handlers_registered_after_forgetting(tmp_path):
+    log = tmp_path / "log"
+    atexit.register(_append, log, "before")
+    try:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _compat.forget_exit_handlers()
+                atexit.register(_append, log, "after")
+                _compat.run_exit_handlers()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+    finally:
+        atexit.unregister(_append)
+    assert log.read_text() == "after\n"
+
+
+def _append(path, text):
+    with open(path, "a") as file:
+        file.write(text + "\n")
