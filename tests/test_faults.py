@@ -400,7 +400,7 @@ def test_a_resume_that_changes_model_and_data_names_every_field(
     assert is_clean_error(done, code=2), done.stderr
     for field in ("n_layers 2 -> 3", "dropout 0.1 -> 0.2", "seed 0 -> 1", "max_train_examples"):
         assert field in done.stderr
-    assert "data n_train 1024 -> 512" in done.stderr
+    assert "max_train_examples 1024 -> 512" in done.stderr
     assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
 
 

@@ -105,10 +105,10 @@ def test_check_all_passes_and_prints_the_summary(answers, tmp_path):
         "**Sanity:**",
         "**Throughput:**",
     ]
-    assert "resume check matched: yes" in lines[-2]
+    assert "resume check matched: yes; batch independence pass" in lines[-2]
     commit = lines[-3].split("commit ")[1].split(",")[0]
     assert len(commit) == 12 and commit != "none"  # the project's own first commit
-    for name in ("overfit", "loader", "resume"):
+    for name in ("overfit", "batch", "init", "loader", "resume"):
         assert any(line.startswith(f"{name}: PASS") for line in lines), done.stdout
 
 
@@ -122,7 +122,7 @@ def test_the_projects_own_tests_pass(project):
         timeout=600,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "3 passed" in done.stdout
+    assert "5 passed" in done.stdout
 
 
 def kill_then_resume(
@@ -287,7 +287,7 @@ def test_an_npz_without_labels_is_named(project, tmp_path):
 def test_inspect_data_shows_shapes_labels_and_examples(project):
     done = run(project, "inspect-data")
     assert done.returncode == 0, done.stderr
-    assert "train: x (3686, 16) torch.float32" in done.stdout
+    assert "train: 3,686 examples, x (16,) torch.float32, y torch.int64" in done.stdout
     assert "label counts" in done.stdout and "example 0: label" in done.stdout
 
 

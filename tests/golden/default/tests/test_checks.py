@@ -4,8 +4,14 @@ from dataclasses import replace
 
 import pytest
 
-from default.checks import check_loader, check_overfit, check_resume
+from default.checks import (
+    check_batch_independence,
+    check_initial_loss,
+    check_loader,
+    check_overfit,
+)
 from default.config import Config
+from default.resume_check import resume_matches
 
 
 @pytest.fixture
@@ -18,9 +24,19 @@ def test_overfits_one_batch(cfg):
     assert result.passed, result.line()
 
 
-def test_resumes_to_the_same_losses(cfg, tmp_path):
-    result = check_resume(cfg, tmp_path / "resume")
+def test_no_example_depends_on_another(cfg):
+    result = check_batch_independence(cfg)
     assert result.passed, result.line()
+
+
+def test_the_loss_at_initialisation_is_as_expected(cfg):
+    result = check_initial_loss(cfg)
+    assert result.passed, result.line()
+
+
+def test_resumes_to_the_same_losses(cfg, tmp_path):
+    passed, detail = resume_matches(cfg, tmp_path / "resume")
+    assert passed, detail
 
 
 def test_loader_keeps_up(cfg):
