@@ -77,6 +77,11 @@ class EpochDataset(Dataset):
         return read_batch(self.dataset, indices)
 
 
+def training_examples(splits, cfg: Config) -> int:
+    """How many training examples the sampler draws from: the first --max-train-examples, or all."""
+    return min(len(splits.train), cfg.max_train_examples or len(splits.train))
+
+
 def _as_read(batch):
     """The collate_fn: EpochDataset returns whole batches already."""
     return batch
@@ -91,7 +96,7 @@ def seed_worker(worker_id: int) -> None:
 
 def build_loaders(splits, cfg: Config, device: torch.device):
     """The training loader (resumable order, drop_last) and the validation loader (in order)."""
-    n_train = min(len(splits.train), cfg.max_train_examples or len(splits.train))
+    n_train = training_examples(splits, cfg)
     batches = EpochBatches(n_train, cfg.batch_size, cfg.seed)
     if batches.batches_per_epoch() == 0:
         raise ConfigError(f"{n_train} training examples, fewer than a batch of {cfg.batch_size}")

@@ -12,6 +12,7 @@ import torch
 from .checkpoint import load
 from .config import Config
 from .data import load_splits
+from .loader import training_examples
 from .runlog import read_metrics
 from .train import train
 
@@ -27,8 +28,7 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
     world_size = 1
     # 3k + 1 micro-batches an epoch for k of them a step: checkpoints then fall mid-epoch.
     per_batch = cfg.batch_size * world_size
-    n_train = min(len(splits.train), cfg.max_train_examples or len(splits.train))
-    micro_per_epoch = min(n_train // per_batch, 3 * cfg.grad_accum_steps + 1)
+    micro_per_epoch = min(training_examples(splits, cfg) // per_batch, 3 * cfg.grad_accum_steps + 1)
     n, mid_epoch_possible = _resume_point(micro_per_epoch, cfg.grad_accum_steps)
     base = replace(
         cfg,

@@ -81,6 +81,11 @@ class EpochDataset(Dataset):
         return read_batch(self.dataset, indices)
 
 
+def training_examples(splits, cfg: Config) -> int:
+    """How many training examples the sampler draws from: the first --max-train-examples, or all."""
+    return min(len(splits.train), cfg.max_train_examples or len(splits.train))
+
+
 def _as_read(batch):
     """The collate_fn: EpochDataset returns whole batches already."""
     return batch
@@ -98,7 +103,7 @@ def build_loaders(splits, cfg: Config, device: torch.device, rank: int, world_si
 
     Validation batches are dealt out to the ranks in turn: together they cover every example once.
     """
-    n_train = min(len(splits.train), cfg.max_train_examples or len(splits.train))
+    n_train = training_examples(splits, cfg)
     batches = EpochBatches(n_train, cfg.batch_size, cfg.seed, rank, world_size)
     if batches.batches_per_epoch() == 0:
         raise ConfigError(
