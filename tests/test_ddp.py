@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import queue
+import re
 import signal
 import socket
 import subprocess
@@ -15,6 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from test_project import _env, records, render
 
 SMALL = ("--max-train-examples", "1024", "--ckpt-every", "10", "--eval-every", "25",
@@ -207,3 +209,151 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_bit_identical(project, tw
     assert last_logged < 60  # killed before the end
     assert resumed_at % 10 == 0 and max(10, last_logged - 10) <= resumed_at <= last_logged
     assert records(project / "runs" / "killed") == records(two_process_run)  # bit for bit
+
+
+# --- stop signals under torchrun: every rank stops at the same step, with its checkpoint ---------
+
+STOPPED = re.compile(r"^stopped at step (\d+) by (SIG\w+); checkpoint (\S+); run the same command")
+
+
+def _signal_torchrun(project, run_dir: str, after_step: int, send, env=None):
+    """torchrun's 60-step run of batch 16; `send(launcher)` once rank 0 logs `after_step`. Returns
+    the launcher, its merged output and the seconds from the signal to torchrun's exit."""
+    command = _torchrun(project, "train", "--run-dir", run_dir, "--max-steps", "60",
+                        "--batch-size", "16", *SMALL, extra=("--nnodes", "1"))  # fmt: skip
+    launcher = subprocess.Popen(command, cwd=project, env=env or _env_ddp(project),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True)  # fmt: skip
+    output, sent = [], None
+    try:
+        for line in launcher.stdout:
+            output.append(line)
+            if sent is None and line.startswith(f"step {after_step}/"):
+                send(launcher)
+                sent = time.perf_counter()
+        launcher.wait(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            _stop(launcher, "ddp_demo")
+    seconds = time.perf_counter() - sent if sent else None
+    return launcher, "".join(output), seconds
+
+
+def _stopped(log: str) -> tuple[int, str, Path]:
+    found = [m for line in log.splitlines() if (m := STOPPED.match(line))]
+    assert len(found) == 1, log[-3000:]  # rank 0 alone says it
+    return int(found[0][1]), found[0][2], Path(found[0][3])  # relative to the project
+
+
+def _resume_and_compare(project, run_dir: str, reference: Path, step: int) -> None:
+    command = _torchrun(project, "train", "--run-dir", run_dir, "--max-steps", "60",
+                        "--batch-size", "16", *SMALL, extra=("--nnodes", "1"))  # fmt: skip
+    done = subprocess.run(command, cwd=project, env=_env_ddp(project), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert f"at step {step}\n" in done.stdout
+    metrics = (project / run_dir / "metrics.jsonl").read_bytes()
+    assert metrics == (reference / "metrics.jsonl").read_bytes()  # bit-identical: no step lost
+
+
+SIGNALLED_AT = 23  # between checkpoints 20 and 30
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "SIGTERM",
+        pytest.param("SIGINT", marks=pytest.mark.slow),
+        pytest.param("SIGUSR1", marks=pytest.mark.slow),
+    ],
+)
+def test_a_signal_to_torchrun_stops_every_rank_at_one_step(project, two_process_run, name):
+    """SIGTERM and SIGINT (Ctrl-C) are torchrun's own: it passes them on to the workers. SIGUSR1
+    it passes on when told to (--signals-to-handle, as the scripts/ launchers do)."""
+    signum = getattr(signal, name)
+    env = {**_env_ddp(project), "PET_SIGNALS_TO_HANDLE": "SIGTERM,SIGINT,SIGUSR1"}
+    run_dir = f"runs/stop-{name}"
+    launcher, log, seconds = _signal_torchrun(
+        project, run_dir, SIGNALLED_AT, lambda p: p.send_signal(signum), env
+    )
+    step, by, checkpoint = _stopped(log)
+    assert by == name
+    assert SIGNALLED_AT < step < 60
+    saved = torch.load(project / checkpoint, map_location="cpu", weights_only=True)
+    assert saved["state"]["step"] == step and len(saved["rng"]) == 2  # both ranks' streams
+    assert sorted(p.name for p in (project / run_dir / "checkpoints").glob("step-*.pt"))[-1] == (
+        f"step-{step:08d}.pt"
+    )
+    assert launcher.returncode != 0  # torchrun reports the signal it was sent
+    print(f"ddp {name}: signalled at step {SIGNALLED_AT}, stopped at {step}, exit {seconds:.2f} s")
+    assert seconds < 30
+    _resume_and_compare(project, run_dir, two_process_run, step)
+
+
+@pytest.mark.slow
+def test_a_signal_to_one_rank_stops_them_all_at_the_same_step(project, two_process_run):
+    """SIGUSR1 to rank 1 alone: the flag is all-reduced each step, so rank 0 (which alone writes)
+    stops at the same step and writes it; without that, rank 1 would leave rank 0 hanging in the
+    next all-reduce of gradients."""
+    run_dir = "runs/stop-rank1"
+
+    def to_rank_1(launcher):
+        os.kill(_workers(launcher, "ddp_demo")[1], signal.SIGUSR1)
+
+    _, log, seconds = _signal_torchrun(project, run_dir, SIGNALLED_AT, to_rank_1)
+    step, by, checkpoint = _stopped(log)
+    assert by == "SIGUSR1" and SIGNALLED_AT < step < 60, log[-3000:]
+    saved = torch.load(project / checkpoint, map_location="cpu", weights_only=True)
+    assert saved["state"]["step"] == step
+    assert seconds < 30
+    _resume_and_compare(project, run_dir, two_process_run, step)
+
+
+def test_the_slurm_job_stops_on_its_warning_signal_and_requeues(project, two_process_run, tmp_path):
+    """scripts/train.slurm run as SLURM would, with a fake `srun` (runs its command) and a fake
+    `scontrol` (records its arguments) on PATH: SIGUSR1 to the batch script (--signal=B:USR1)
+    stops the run with a checkpoint and calls `scontrol requeue <job id>`; the requeued job (the
+    same id) resumes and ends with the records of an uninterrupted run."""
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    calls = tmp_path / "scontrol.log"
+    (fake / "srun").write_text('#!/usr/bin/env bash\nexec "$@"\n')
+    (fake / "scontrol").write_text(
+        f'#!/usr/bin/env bash\necho "$@" >> {calls}\n'
+        '[ "$1 $2" = "show hostnames" ] && echo 127.0.0.1\nexit 0\n'
+    )
+    (fake / "torchrun").write_text(
+        f'#!/usr/bin/env bash\nexec {sys.executable} -m torch.distributed.run "$@"\n'
+    )
+    for tool in fake.iterdir():
+        tool.chmod(0o755)
+    env = {**_env_ddp(project), "PATH": f"{fake}:{os.environ['PATH']}", "SLURM_JOB_ID": "4242",
+           "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "node1", "SLURM_SUBMIT_DIR": str(project),
+           "MASTER_PORT": str(_port())}  # fmt: skip
+    job = ["bash", "scripts/train.slurm", "--max-steps", "60", "--batch-size", "16", *SMALL]
+    with subprocess.Popen(job, cwd=project, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as script:  # fmt: skip
+        output, sent = [], None
+        for line in script.stdout:
+            output.append(line)
+            if sent is None and line.startswith(f"step {SIGNALLED_AT}/"):
+                script.send_signal(signal.SIGUSR1)
+                sent = time.perf_counter()
+        script.wait(timeout=120)
+    seconds = time.perf_counter() - sent
+    log = "".join(output)
+    step, by, checkpoint = _stopped(log)
+    assert by == "SIGTERM" and SIGNALLED_AT < step < 60, log[-3000:]
+    assert checkpoint.parent == Path("runs/4242/checkpoints")
+    assert "requeue 4242" in calls.read_text().splitlines(), log[-3000:]
+    print(
+        f"slurm SIGUSR1: signalled at step {SIGNALLED_AT}, stopped at {step}, exit {seconds:.2f} s"
+    )
+
+    env["MASTER_PORT"] = str(_port())
+    again = subprocess.run(job, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"resuming from {checkpoint} at step {step}" in again.stdout
+    assert calls.read_text().count("requeue") == 1  # a job that ends is not requeued
+    metrics = (project / "runs" / "4242" / "metrics.jsonl").read_bytes()
+    assert metrics == (two_process_run / "metrics.jsonl").read_bytes()

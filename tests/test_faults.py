@@ -18,8 +18,12 @@ import re
 import resource
 import shutil
 import signal
+import socket
+import struct
 import subprocess
 import threading
+import time
+import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -236,6 +240,11 @@ def test_kills_at_random_moments_lose_nothing(project, reference, tally, seed):
 # --- corrupt checkpoints (truncated and zero-byte ones: tests/test_project.py) ----------------
 
 
+def run_files(run_dir: Path) -> dict[Path, bytes]:
+    """A run folder's files and their bytes, but for .lock, which names whoever opened it last."""
+    return {p: p.read_bytes() for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock"}
+
+
 def copy_of(reference: Path, tmp_path: Path) -> Path:
     copy = tmp_path / "run"
     shutil.copytree(reference, copy)
@@ -257,6 +266,48 @@ def test_garbage_and_foreign_newest_checkpoints_are_skipped(project, reference, 
     assert "step-00000080.pt is unreadable" in done.stdout
     assert "step-00000070.pt is not a checkpoint of this project" in done.stdout
     assert resumed_from(done.stdout) == (str(checkpoints / "step-00000060.pt"), 60)
+    assert same_records(copy, reference, tally)
+
+
+def flip_bytes_in_largest_tensor(path: Path, count: int = 16) -> str:
+    """XOR `count` bytes in the middle of the largest tensor stored in a checkpoint's zip, leaving
+    the zip and the pickle intact (torch stores no checksum of them): the name of the record."""
+    with zipfile.ZipFile(path) as archive:
+        info = max(
+            (i for i in archive.infolist() if "/data/" in i.filename), key=lambda i: i.file_size
+        )
+    data = bytearray(path.read_bytes())
+    name_length, extra_length = struct.unpack(
+        "<HH", data[info.header_offset + 26 : info.header_offset + 30]
+    )
+    start = info.header_offset + 30 + name_length + extra_length + info.file_size // 2
+    for i in range(start, start + count):
+        data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+    return info.filename
+
+
+def test_flipped_bytes_in_the_weights_are_found_and_the_previous_checkpoint_used(
+    project, reference, tmp_path, tally
+):
+    """16 flipped bytes in step 80's largest tensor: torch.load reads them without complaint (before
+    the digest, the run resumed from damaged weights); the digest check reports the file and the
+    run resumes from step 70, ending with the reference's records."""
+    copy = copy_of(reference, tmp_path)
+    checkpoints = copy / "checkpoints"
+    flip_bytes_in_largest_tensor(checkpoints / "step-00000080.pt")
+    torch.load(checkpoints / "step-00000080.pt", weights_only=True)  # still loads: no zip error
+    tally[SUITE]["inputs tried"] += 1
+    tally[SUITE]["faults injected"] += 1
+
+    done = train(project, copy)
+
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"warning: checkpoint {checkpoints / 'step-00000080.pt'} is damaged (its contents do not"
+        " match its digest); trying the previous checkpoint"
+    ) in done.stdout
+    assert resumed_from(done.stdout) == (str(checkpoints / "step-00000070.pt"), 70)
     assert same_records(copy, reference, tally)
 
 
@@ -359,7 +410,7 @@ def test_a_failed_write_is_a_clear_error_and_the_run_resumes(
 @pytest.mark.slow
 def test_a_read_only_run_folder_is_found_before_training(project, reference, tmp_path, tally):
     copy = copy_of(reference, tmp_path)
-    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    before = run_files(copy)
     for run_dir in (copy, tmp_path / "new-run"):
         tally[SUITE]["inputs tried"] += 1
         tally[SUITE]["faults injected"] += 1
@@ -371,7 +422,7 @@ def test_a_read_only_run_folder_is_found_before_training(project, reference, tmp
         assert f"cannot write to run folder {run_dir}: Read-only file system" in done.stderr
         assert "step 1/" not in done.stdout and "step 81/" not in done.stdout
     assert not (tmp_path / "new-run").exists()
-    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+    assert run_files(copy) == before
 
 
 @pytest.mark.slow
@@ -391,7 +442,7 @@ def test_a_resume_that_changes_model_and_data_names_every_field(
     project, reference, tmp_path, tally
 ):
     copy = copy_of(reference, tmp_path)
-    before = {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()}
+    before = run_files(copy)
     tally[SUITE]["inputs tried"] += 1
     done = train(
         project, copy, "--n-layers", "3", "--dropout", "0.2", "--seed", "1",
@@ -401,7 +452,7 @@ def test_a_resume_that_changes_model_and_data_names_every_field(
     for field in ("n_layers 2 -> 3", "dropout 0.1 -> 0.2", "seed 0 -> 1", "max_train_examples"):
         assert field in done.stderr
     assert "max_train_examples 1024 -> 512" in done.stderr
-    assert {p: p.read_bytes() for p in copy.rglob("*") if p.is_file()} == before
+    assert run_files(copy) == before
 
 
 @pytest.mark.slow
@@ -571,3 +622,155 @@ def test_a_label_far_out_of_range_is_named(project, tmp_path, tally):
     assert is_clean_error(done, code=2), done.stderr
     assert "d.csv" in done.stderr and "1000000000" in done.stderr
     assert not (tmp_path / "run").exists()
+
+
+# --- stop signals: the step's checkpoint written, the run resumed exactly -----------------------
+
+STOPPED = re.compile(
+    r"^stopped at step (\d+) by (SIG\w+); checkpoint (\S+); run the same command to resume$"
+)
+
+
+def signal_at_step(command, cwd, env, step: int, signum: int, to_group: bool):
+    """Start `command` and send `signum` once it prints step `step`; returns the process, the
+    seconds from signal to exit, stdout and stderr. `to_group`: the whole process group, as a
+    terminal's Ctrl-C does."""
+    with subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as proc:  # fmt: skip
+        out, sent = [], None
+        for line in proc.stdout:
+            out.append(line)
+            if sent is None and line.startswith(f"step {step}/"):
+                (os.killpg if to_group else os.kill)(proc.pid, signum)
+                sent = time.perf_counter()
+        proc.wait(timeout=120)
+        seconds = time.perf_counter() - sent if sent else None
+        stderr = proc.stderr.read()
+    return proc, seconds, "".join(out), stderr
+
+
+def checkpoint_step(path: Path) -> int:
+    return torch.load(path, map_location="cpu", weights_only=True)["state"]["step"]
+
+
+SIGNALLED_AT = 33  # between checkpoints 30 and 40: a stop that saved nothing would lose steps
+
+
+@pytest.mark.parametrize(
+    ("name", "to_group"),
+    [("SIGTERM", False), pytest.param("SIGINT", True, marks=pytest.mark.slow), ("SIGUSR1", False)],
+    ids=["SIGTERM", "Ctrl-C", "SIGUSR1"],
+)
+def test_a_stop_signal_checkpoints_that_step_and_the_run_resumes_exactly(
+    project, reference, tmp_path, tally, name, to_group
+):
+    """SIGTERM (kill, SLURM, Kubernetes), Ctrl-C (SIGINT to the process group, loader workers
+    included) and SIGUSR1 stop the run after the step in progress, with that step's checkpoint."""
+    tally[SUITE]["inputs tried"] += 1
+    tally[SUITE]["faults injected"] += 1
+    run_dir = tmp_path / "run"
+    signum = getattr(signal, name)
+    command = _command(project, ["train", "--run-dir", run_dir, *SMALL_RUN])
+    proc, seconds, _, stderr = signal_at_step(
+        command, project, _env(project), SIGNALLED_AT, signum, to_group
+    )
+
+    assert proc.returncode == 128 + signum, stderr
+    assert "Traceback" not in stderr
+    stopped = STOPPED.match(stderr.strip())
+    assert stopped and stopped[2] == name, stderr
+    step, checkpoint = int(stopped[1]), Path(stopped[3])
+    assert SIGNALLED_AT < step < MAX_STEPS  # the step in progress when the signal came, or the next
+    assert checkpoint == step_files(run_dir)[-1] and checkpoint_step(checkpoint) == step
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+    assert seconds < 10, f"{seconds:.2f} s from {name} to exit"
+    print(
+        f"{name}: signalled after step {SIGNALLED_AT}, stopped at {step}, exit in {seconds:.2f} s"
+    )
+
+    again = train(project, run_dir)
+    assert again.returncode == 0, again.stderr
+    assert resumed_from(again.stdout) == (str(checkpoint), step)
+    assert same_records(run_dir, reference, tally)  # bit-identical: the stop cost no steps
+
+
+@pytest.mark.parametrize("inside", ["torch.save", "fsync"])
+def test_a_second_ctrl_c_aborts_at_once_even_inside_a_save(
+    project, reference, tmp_path, tally, inside
+):
+    """Two SIGINTs while step 20's checkpoint is written: no traceback (torch's zip writer raises
+    its own RuntimeError when interrupted), no temporary file, step 10's checkpoint intact."""
+    tally[SUITE]["inputs tried"] += 1
+    tally[SUITE]["faults injected"] += 1
+    run_dir = tmp_path / "run"
+    at = {"torch.save": {"at": "binwrite", "nth": 3}, "fsync": {"at": "fsync", "nth": 1}}[inside]
+    done = train(project, run_dir, fault={**at, "match": "step-00000020", "do": "SIGINT2"})
+
+    assert done.returncode == 130, done.stderr
+    assert done.stderr == (
+        "aborted by a second SIGINT: the newest checkpoint is intact;"
+        " run the same command to resume\n"
+    )
+    assert [p.name for p in step_files(run_dir)] == ["step-00000010.pt"]
+    assert not list((run_dir / "checkpoints").glob(".*.tmp"))
+    assert all(usable(p) for p in (run_dir / "checkpoints").iterdir())
+
+    again = train(project, run_dir)
+    assert again.returncode == 0, again.stderr
+    assert same_records(run_dir, reference, tally)
+
+
+def test_one_ctrl_c_inside_a_save_finishes_it_then_stops(project, reference, tmp_path, tally):
+    tally[SUITE]["inputs tried"] += 1
+    tally[SUITE]["faults injected"] += 1
+    run_dir = tmp_path / "run"
+    done = train(
+        project,
+        run_dir,
+        fault={"at": "binwrite", "match": "step-00000020", "nth": 3, "do": "SIGINT"},
+    )
+
+    assert done.returncode == 130, done.stderr
+    stopped = STOPPED.match(done.stderr.strip())
+    assert stopped and int(stopped[1]) == 21, done.stderr  # step 20's save done, then one more step
+    assert [checkpoint_step(p) for p in step_files(run_dir)] == [10, 20, 21]
+    again = train(project, run_dir)
+    assert again.returncode == 0, again.stderr
+    assert same_records(run_dir, reference, tally)
+
+
+# --- one writer per run folder -----------------------------------------------------------------
+
+
+def test_a_second_writer_is_refused_at_once_naming_the_first(project, tmp_path, tally):
+    """Two `train` on one --run-dir: the second exits 2 before writing anything, naming the PID and
+    host that hold it; the first goes on undisturbed. The lock is the kernel's (flock): the kill
+    tests above restart after SIGKILL, so a dead holder never leaves it stuck."""
+    tally[SUITE]["inputs tried"] += 1
+    run_dir = tmp_path / "run"
+    long_run = [*SMALL_RUN, "--max-steps", "100000", "--patience", "0"]  # until stopped
+    command = _command(project, ["train", "--run-dir", run_dir, *long_run])
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    with subprocess.Popen(command, cwd=project, env=_env(project), **pipes) as first:
+        for line in first.stdout:
+            if line.startswith("step 5/"):
+                break
+        started = time.perf_counter()
+        second = train(project, run_dir)
+        seconds = time.perf_counter() - started
+        still_running = first.poll() is None
+        first.send_signal(signal.SIGTERM)
+        first.wait(timeout=120)
+        first_err = first.stderr.read()
+
+    assert is_clean_error(second, code=2), second.stderr
+    assert f"is in use by pid {first.pid} on {socket.gethostname()}" in second.stderr
+    assert second.stdout == ""  # refused before loading data, model or checkpoints
+    assert seconds < 30, seconds  # at once: python and torch start-up
+    assert still_running
+    assert first.returncode == 128 + signal.SIGTERM, first_err
+    step = int(STOPPED.match(first_err.strip())[1])
+    train_steps = [r["step"] for r in records(run_dir) if r["split"] == "train"]
+    assert train_steps == list(range(1, step + 1))  # the first run's records all there, once

@@ -3,16 +3,19 @@
 tests/test_faults.py puts this folder on PYTHONPATH, so Python imports it at start-up, and
 describes one fault in the SCAFFOLD_FAULT environment variable (JSON):
 
-    {"at": "fsync"|"replace"|"replaced"|"unlink"|"dirfsync"|"write",  # where, in the I/O path
+    {"at": "fsync"|"replace"|"replaced"|"unlink"|"dirfsync"|"write"|"binwrite",  # where
      "match": "step-",      # only paths containing this (the file being written or renamed)
      "nth": 2,              # the nth matching call in this process
-     "do": "kill"|"torn"|"ENOSPC"|"EROFS"|"EIO"}  # SIGKILL; SIGKILL after tearing; raise errno
+     "do": "kill"|"torn"|"ENOSPC"|"EROFS"|"EIO"|"SIGINT"|"SIGINT2"}
+     # SIGKILL; SIGKILL after tearing; raise errno; one or two SIGINTs to itself, as Ctrl-C
     {"readonly": "/some/dir"}   # every write under it fails with EROFS, as on a read-only mount
     {"scaler_init_scale": 1e30} # fp16 GradScaler overflows and skips steps at first
 
 "fsync" is the fsync of a checkpoint's temporary file (its bytes written, not yet renamed);
 "torn" cuts that file to half its size before the kill, as a crash in the middle of the write
-would. "replace" fires before the rename, "replaced" just after it. Nothing here runs unless
+would. "replace" fires before the rename, "replaced" just after it. "binwrite" is one write() of the
+bytes of a file opened in binary (torch's zip writer calls it, chunk by chunk, in the middle of
+torch.save). Nothing here runs unless
 SCAFFOLD_FAULT is set.
 """
 
@@ -45,6 +48,10 @@ def _fault(spec: dict) -> None:
             what = "kill"
         if what == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if what.startswith("SIGINT"):
+            for _ in range(2 if what == "SIGINT2" else 1):
+                os.kill(os.getpid(), signal.SIGINT)  # its handler runs before kill() returns
+            return
         code = getattr(errno, what)
         raise OSError(code, os.strerror(code), path)
 
@@ -92,6 +99,34 @@ def _fault(spec: dict) -> None:
             text_write = set(mode) & set("wax") and "b" not in mode
             if isinstance(file, str | os.PathLike) and text_write and fire(os.fspath(file)):
                 return Full(f.detach(), encoding=f.encoding, line_buffering=True)
+            return f
+
+        io.open = builtins.open = open_
+    elif at == "binwrite":
+        real_open = io.open
+
+        class Writes:  # a binary file whose nth write (chunk of bytes) acts first
+            def __init__(self, f):
+                self._f = f
+
+            def write(self, data):
+                if fire(self._f.name):
+                    act(self._f.name)
+                return self._f.write(data)
+
+            def __getattr__(self, name):
+                return getattr(self._f, name)
+
+            def __enter__(self):
+                return self
+
+            def __exit__(self, *exc):
+                self._f.close()
+
+        def open_(file, mode="r", *args, **kwargs):
+            f = real_open(file, mode, *args, **kwargs)
+            if isinstance(file, str | os.PathLike) and "b" in mode and set(mode) & set("wax"):
+                return Writes(f)
             return f
 
         io.open = builtins.open = open_

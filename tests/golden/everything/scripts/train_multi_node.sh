@@ -13,6 +13,9 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 # torchrun keeps one store for all restarts unless told otherwise; a restarted group would read the
 # addresses the dead one left there and fail to connect ("Gloo connectFullMesh failed").
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+# torchrun passes these signals on to its workers, which stop after the step in progress with its
+# checkpoint written; SIGUSR1 is not among its defaults (PET_ sets torchrun's --signals-to-handle).
+export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
 nproc="${NPROC_PER_NODE:-$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')}"
 exec torchrun --nnodes "${NNODES:?set NNODES}" --node-rank "${NODE_RANK:?set NODE_RANK}" \
     --nproc-per-node "$nproc" --rdzv-id "${RDZV_ID:-everything}" \

@@ -12,6 +12,9 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 # torchrun keeps one store for all restarts unless told otherwise; a restarted group would read the
 # addresses the dead one left there and fail to connect ("Gloo connectFullMesh failed").
 export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
+# torchrun passes these signals on to its workers, which stop after the step in progress with its
+# checkpoint written; SIGUSR1 is not among its defaults (PET_ sets torchrun's --signals-to-handle).
+export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
 nproc="${NPROC:-$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')}"
 exec torchrun --nnodes 1 --nproc-per-node "$nproc" \
     --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:${MASTER_PORT:-29500}" --max-restarts 3 \

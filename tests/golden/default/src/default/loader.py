@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from .config import Config, ConfigError
+from .stopping import ignore_stop_signals
 
 
 def sample_rng(seed: int, epoch: int, index: int) -> torch.Generator:
@@ -88,7 +89,9 @@ def _as_read(batch):
 
 
 def seed_worker(worker_id: int) -> None:
-    """Seeds a loader worker's Python and NumPy from the seed torch gave it."""
+    """Seeds a loader worker's Python and NumPy from the seed torch gave it; leaves stopping to the
+    main process."""
+    ignore_stop_signals()
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
     np.random.seed(seed)

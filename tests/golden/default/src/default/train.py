@@ -4,10 +4,12 @@
     python -m default train --data path/to/table.csv --run-dir runs/exp1
 
 Run it again with the same --run-dir to resume from the newest valid checkpoint: the run continues
-exactly as if it had never stopped.
+exactly as if it had never stopped. SIGTERM, Ctrl-C or SIGUSR1 stop it after the current step with
+that step's checkpoint written, exit status 128 + the signal (143, 130, 138); see stopping.py.
 """
 
 import math
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -21,6 +23,7 @@ from .data import Splits, load_splits
 from .engine import PRECISION, Engine, evaluate, setup, train_step
 from .loader import EpochBatches, build_loaders
 from .runlog import RunLog
+from .stopping import StopSignals
 
 
 class TrainingError(RuntimeError):
@@ -87,7 +90,16 @@ def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
 
 
 def train(cfg: Config, quiet: bool = False) -> dict:
-    """Trains (or resumes) the run in cfg.run_dir; returns where it ended and its best validation."""
+    """Trains (or resumes) the run in cfg.run_dir; returns where it ended and its best validation.
+
+    A stop signal ends it early: the summary's "stopped_by" names the signal, "exit_status" is 128
+    plus its number.
+    """
+    with StopSignals() as signals:
+        return _train(cfg, quiet, signals)
+
+
+def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
     device = setup(cfg)
     splits = load_splits(cfg)
     engine = Engine(cfg, splits, device)
@@ -127,7 +139,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
     engine.model.train()
     examples_per_step = cfg.grad_accum_steps * cfg.batch_size
     progress = Progress(cfg.max_steps, state.step, examples_per_step, quiet)
-    started, first_step, stop = time.perf_counter(), state.step, False
+    started, first_step, stop, signum = time.perf_counter(), state.step, False, 0
     try:
         while state.step < cfg.max_steps and not stop:
             lr = engine.scheduler.get_last_lr()[0]
@@ -135,8 +147,9 @@ def train(cfg: Config, quiet: bool = False) -> dict:
             engine.scheduler.step()
             state.step += 1
             progress.update()
+            signum = signals.signum
             last = state.step == cfg.max_steps
-            save = state.step % cfg.ckpt_every == 0 or last
+            save = state.step % cfg.ckpt_every == 0 or last or signum
             if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
                 loss, grad_norm = loss.item(), grad_norm.item()
                 if not math.isfinite(loss):  # before any checkpoint could hold the damage
@@ -162,22 +175,38 @@ def train(cfg: Config, quiet: bool = False) -> dict:
                 if stop:
                     say(f"early stop: no better validation in {cfg.patience} since step {state.best_step}")
             if save or stop:
-                checkpoints.save(payload(), state.step)
+                saved = checkpoints.save(payload(), state.step)
                 run.checkpointed(state.step)
+            if signum:
+                break
+        seconds = time.perf_counter() - started
+        examples = (state.step - first_step) * examples_per_step
+        summary = {
+            "step": state.step,
+            "best_val_loss": state.best_val_loss,
+            "best_step": state.best_step,
+            "best_checkpoint": str(checkpoints.path / "best.pt"),
+            "seconds": seconds,
+            "examples_per_s": examples / seconds if seconds > 0 else math.nan,
+            "stopped_by": signal.Signals(signum).name if signum else None,
+            "exit_status": 128 + signum if signum else 0,
+        }
+        run.finish(summary)
     finally:
         progress.close()
         run.close()
-    seconds = time.perf_counter() - started
-    examples = (state.step - first_step) * examples_per_step
-    summary = {
-        "step": state.step,
-        "best_val_loss": state.best_val_loss,
-        "best_step": state.best_step,
-        "best_checkpoint": str(checkpoints.path / "best.pt"),
-        "seconds": seconds,
-        "examples_per_s": examples / seconds if seconds > 0 else math.nan,
-    }
-    run.finish(summary)
+        # Loader workers ignore stop signals, so at exit they must be ended here, by their loaders.
+        batches.close()
+        del batches, train_loader, val_loader
+    if signum:
+        if not quiet:
+            print(
+                f"stopped at step {state.step} by {summary['stopped_by']}; checkpoint {saved};"
+                " run the same command to resume",
+                file=sys.stderr,
+                flush=True,
+            )
+        return summary
     best = summary["best_checkpoint"]
     say(f"best val loss {state.best_val_loss:.4f} at step {state.best_step}; checkpoint {best}")
     return summary

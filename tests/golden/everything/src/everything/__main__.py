@@ -19,7 +19,11 @@ from .data import DataError, load_splits, summarize
 from .distributed import shutdown
 from .report import ReportError, plot, report
 from .runlog import RunDirError
+from .stopping import Aborted, RunFolderBusy
 from .train import TrainingError, train
+
+# Errors a user can act on: one line and exit 2 (the input or the run folder) or 1 (what happened).
+FAILURES = (ConfigError, DataError, CheckpointError, RunDirError, ReportError, TrainingError, RunFolderBusy)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,18 +49,18 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         cfg = config_from_args(args)
         if args.command == "train":
-            train(cfg)
-            return 0
+            return train(cfg)["exit_status"]
         if args.command == "check":
             return run_checks(cfg, args.which)
         print(summarize(load_splits(cfg)))
         return 0
-    except (ConfigError, DataError, CheckpointError, RunDirError, ReportError, TrainingError) as error:
+    except FAILURES as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2 if isinstance(error, ConfigError | DataError) else 1
-    except KeyboardInterrupt:
-        print("interrupted: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)
-        return 130
+        return 2 if isinstance(error, ConfigError | DataError | RunFolderBusy) else 1
+    except KeyboardInterrupt as error:  # before training started, or a second stop signal (Aborted)
+        how = f"aborted by a second {error}" if isinstance(error, Aborted) else "interrupted"
+        print(f"{how}: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)
+        return error.status if isinstance(error, Aborted) else 130
     finally:
         shutdown()
 

@@ -5,10 +5,13 @@ gradient scaler,
 the training position, every RNG state, the config and the early-stopping state. It is written to a
 temporary file in the same folder, fsynced, then renamed over its final name, so a reader sees
 the old file or the new one, never half of one. Checkpoints hold only tensors and plain Python
-values: they load with `torch.load(weights_only=True)`, which never runs pickled code.
+values: they load with `torch.load(weights_only=True)`, which never runs pickled code. Each carries
+a SHA-256 digest of its contents (every tensor's bytes, every value), checked on load: a flipped
+bit in the weights is reported, and the previous checkpoint used, as for a truncated file.
 """
 
 import contextlib
+import hashlib
 import os
 import random
 import re
@@ -114,16 +117,44 @@ def load(path: Path) -> dict:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated, zero bytes, garbage: torch raises several types
         raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__})") from None
-    if not isinstance(payload, dict) or not payload.keys() >= REQUIRED_KEYS:
+    if not isinstance(payload, dict) or not payload.keys() >= REQUIRED_KEYS | {"digest"}:
         raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
+    if payload.pop("digest") != digest(payload):
+        raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match its digest)")
     return payload
+
+
+def digest(payload: dict) -> str:
+    """SHA-256 of every tensor's dtype, shape and bytes and of every other value, in order."""
+    sha = hashlib.sha256()
+
+    def feed(value) -> None:
+        if isinstance(value, torch.Tensor):
+            sha.update(f"tensor {value.dtype} {tuple(value.shape)}".encode())
+            sha.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        elif isinstance(value, dict):
+            sha.update(b"{")
+            for key, item in value.items():
+                feed(key)
+                feed(item)
+            sha.update(b"}")
+        elif isinstance(value, list | tuple):
+            sha.update(b"[")
+            for item in value:
+                feed(item)
+            sha.update(b"]")
+        else:
+            sha.update(f"{type(value).__name__} {value!r};".encode())
+
+    feed(payload)
+    return sha.hexdigest()
 
 
 def _atomic_save(payload: dict, target: Path) -> None:
     tmp = target.with_name(f".{target.name}.tmp")
     try:
         with tmp.open("wb") as f:
-            torch.save(payload, f)
+            torch.save({**payload, "digest": digest(payload)}, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
@@ -132,7 +163,14 @@ def _atomic_save(payload: dict, target: Path) -> None:
             os.fsync(directory)  # makes the rename itself durable
         finally:
             os.close(directory)
-    except OSError as error:
+    except BaseException as error:  # the previous checkpoint stays; the temporary file goes
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None
+        if isinstance(error.__context__, KeyboardInterrupt):  # torch's writer fails after an abort
+            raise error.__context__ from None
+        if isinstance(error, OSError):
+            raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None
+        if isinstance(error, RuntimeError):  # torch's zip writer on a full disk, say
+            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+            raise CheckpointError(f"cannot write checkpoint {target}: {reason}") from None
+        raise

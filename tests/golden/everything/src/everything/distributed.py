@@ -66,11 +66,34 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def any_rank_max(value: int) -> int:
+    """The largest of every rank's `value` (a stop signal's number, or 0), read on the host.
+
+    One small all-reduce a step, so that every rank stops at the same step; on a CPU (gloo)
+    group, so the GPU never waits for it.
+    """
+    found = torch.tensor([value])
+    dist.all_reduce(found, op=dist.ReduceOp.MAX, group=_host_group())
+    return int(found[0])
+
+
 def all_gather(value: object) -> list:
     """Every rank's `value`, in rank order (RNG states for a checkpoint, say)."""
     gathered: list = [None] * dist.get_world_size()
     dist.all_gather_object(gathered, value)
     return gathered
+
+
+_HOST_GROUP: list = []
+
+
+def _host_group():
+    """A gloo group beside NCCL's, for the stop flag: NCCL reduces only GPU tensors."""
+    if dist.get_backend() == "gloo":
+        return None
+    if not _HOST_GROUP:
+        _HOST_GROUP.append(dist.new_group(backend="gloo"))
+    return _HOST_GROUP[0]
 
 
 def barrier() -> None:

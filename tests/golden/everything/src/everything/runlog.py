@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from .config import Config
+from .stopping import RunLock
 from .tracking import Tracker
 
 PROJECT = "everything"
@@ -34,6 +35,7 @@ class RunLog:
         self.metrics_path = run_dir / "metrics.jsonl"
         try:  # fail before training, not at the first checkpoint
             run_dir.mkdir(parents=True, exist_ok=True)
+            self.lock = RunLock(run_dir)  # held until close(): one writer per run folder
             probe = run_dir / ".write-test"
             probe.write_text("ok")
             probe.unlink()
@@ -110,18 +112,20 @@ class RunLog:
         return self.tracker.state()
 
     def finish(self, summary: dict) -> None:
-        """Records where this session of the run ended, and how fast it went."""
+        """Records where this session of the run ended (or was stopped), and how fast it went."""
         record = json.loads(self.run_json.read_text())
         record["finished"] = {**summary, "time": _now()}
         _write_json_atomically(self.run_json, record)
 
     def close(self) -> None:
+        """Closes the records and releases the run folder; call it last."""
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
         if self.tracker is not None:
             self.tracker.close()
             self.tracker = None
+        self.lock.release()
 
     def _open_metrics(self) -> None:
         self._metrics = self.metrics_path.open("a", encoding="utf-8")

@@ -7,10 +7,12 @@
         -m everything train  # or scripts/train_single_node.sh
 
 Run it again with the same --run-dir to resume from the newest valid checkpoint: the run continues
-exactly as if it had never stopped.
+exactly as if it had never stopped. SIGTERM, Ctrl-C or SIGUSR1 stop it after the current step with
+that step's checkpoint written, exit status 128 + the signal (143, 130, 138); see stopping.py.
 """
 
 import math
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -22,10 +24,11 @@ from tqdm import tqdm
 from .checkpoint import CheckpointDir, rng_state, set_rng_state
 from .config import EVAL_EVERY_MAX, RESUME_FIXED, Config, ConfigError
 from .data import Splits, load_splits
-from .distributed import all_gather, all_reduce_sum, init_distributed
+from .distributed import all_gather, all_reduce_sum, any_rank_max, init_distributed
 from .engine import PRECISION, Engine, evaluate, setup, train_step
 from .loader import EpochBatches, build_loaders
 from .runlog import RunLog, SilentRunLog
+from .stopping import StopSignals
 
 
 class TrainingError(RuntimeError):
@@ -98,7 +101,16 @@ def check_resumable(checkpoint: dict, cfg: Config, splits: Splits, world_size: i
 
 
 def train(cfg: Config, quiet: bool = False) -> dict:
-    """Trains (or resumes) the run in cfg.run_dir; returns where it ended and its best validation."""
+    """Trains (or resumes) the run in cfg.run_dir; returns where it ended and its best validation.
+
+    A stop signal ends it early: the summary's "stopped_by" names the signal, "exit_status" is 128
+    plus its number.
+    """
+    with StopSignals() as signals:
+        return _train(cfg, quiet, signals)
+
+
+def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
     device = setup(cfg)
     group = init_distributed(device.type)
     quiet = quiet or not group.is_main  # one rank speaks for all
@@ -143,7 +155,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
     examples_per_step = cfg.grad_accum_steps * cfg.batch_size * group.world_size
     progress = Progress(cfg.max_steps, state.step, examples_per_step, quiet)
     skipped = torch.tensor(state.skipped_steps, device=device)  # counted on the device: no sync
-    started, first_step, stop = time.perf_counter(), state.step, False
+    started, first_step, stop, signum = time.perf_counter(), state.step, False, 0
     try:
         while state.step < cfg.max_steps and not stop:
             lr = engine.scheduler.get_last_lr()[0]
@@ -152,8 +164,9 @@ def train(cfg: Config, quiet: bool = False) -> dict:
             engine.scheduler.step()
             state.step += 1
             progress.update()
+            signum = any_rank_max(signals.signum)  # every rank stops at the same step
             last = state.step == cfg.max_steps
-            save = state.step % cfg.ckpt_every == 0 or last
+            save = state.step % cfg.ckpt_every == 0 or last or signum
             if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
                 loss = all_reduce_sum(loss) / group.world_size  # the mean over every rank's examples
                 loss, grad_norm = loss.item(), grad_norm.item()
@@ -188,22 +201,38 @@ def train(cfg: Config, quiet: bool = False) -> dict:
                 if stop:
                     say(f"early stop: no better validation in {cfg.patience} since step {state.best_step}")
             if save or stop:
-                checkpoints.save(payload(), state.step)
+                saved = checkpoints.save(payload(), state.step)
                 run.checkpointed(state.step)
+            if signum:
+                break
+        seconds = time.perf_counter() - started
+        examples = (state.step - first_step) * examples_per_step
+        summary = {
+            "step": state.step,
+            "best_val_loss": state.best_val_loss,
+            "best_step": state.best_step,
+            "best_checkpoint": str(checkpoints.path / "best.pt"),
+            "seconds": seconds,
+            "examples_per_s": examples / seconds if seconds > 0 else math.nan,
+            "stopped_by": signal.Signals(signum).name if signum else None,
+            "exit_status": 128 + signum if signum else 0,
+        }
+        run.finish(summary)
     finally:
         progress.close()
         run.close()
-    seconds = time.perf_counter() - started
-    examples = (state.step - first_step) * examples_per_step
-    summary = {
-        "step": state.step,
-        "best_val_loss": state.best_val_loss,
-        "best_step": state.best_step,
-        "best_checkpoint": str(checkpoints.path / "best.pt"),
-        "seconds": seconds,
-        "examples_per_s": examples / seconds if seconds > 0 else math.nan,
-    }
-    run.finish(summary)
+        # Loader workers ignore stop signals, so at exit they must be ended here, by their loaders.
+        batches.close()
+        del batches, train_loader, val_loader
+    if signum:
+        if not quiet:
+            print(
+                f"stopped at step {state.step} by {summary['stopped_by']}; checkpoint {saved};"
+                " run the same command to resume",
+                file=sys.stderr,
+                flush=True,
+            )
+        return summary
     best = summary["best_checkpoint"]
     say(f"best val loss {state.best_val_loss:.4f} at step {state.best_step}; checkpoint {best}")
     return summary
