@@ -21,6 +21,7 @@ import signal
 import socket
 import struct
 import subprocess
+import sys
 import threading
 import time
 import zipfile
@@ -774,3 +775,83 @@ def test_a_second_writer_is_refused_at_once_naming_the_first(project, tmp_path, 
     step = int(STOPPED.match(first_err.strip())[1])
     train_steps = [r["step"] for r in records(run_dir) if r["split"] == "train"]
     assert train_steps == list(range(1, step + 1))  # the first run's records all there, once
+
+
+# --- resume semantics: each setting kept (a change refused) or applied on purpose ---------------
+
+
+def test_a_resume_that_changes_the_learning_rate_is_refused_naming_it(
+    project, reference, tmp_path, tally
+):
+    """--lr and the schedule fields were ignored on resume (the optimizer's saved lr won) while
+    the new checkpoints recorded the new value: now they are kept, and a change refused."""
+    copy = copy_of(reference, tmp_path)
+    before = run_files(copy)
+    tally[SUITE]["inputs tried"] += 1
+    done = train(project, copy, "--lr", "1e-3", "--warmup-steps", "5")
+    assert is_clean_error(done, code=2), done.stderr
+    assert "lr 0.003 -> 0.001" in done.stderr and "warmup_steps 100 -> 5" in done.stderr
+    assert run_files(copy) == before
+
+
+def test_a_finished_run_says_it_is_complete_and_a_raised_max_steps_extends_it_smoothly(
+    project, tmp_path, tally
+):
+    """Raising --max-steps on a finished run made the learning rate jump (the cosine decay was
+    re-planned over the new length). The decay keeps its planned horizon; steps past it train at
+    min_lr."""
+    run_dir = tmp_path / "run"
+    warm = ("--warmup-steps", "10")  # decaying from step 10 to min_lr at step 80
+    assert train(project, run_dir, *warm).returncode == 0
+    before = run_files(run_dir)
+    tally[SUITE]["inputs tried"] += 2
+    done = train(project, run_dir, *warm)
+    assert done.returncode == 0, done.stderr
+    assert (
+        f"{run_dir} is complete at step {MAX_STEPS}: raise --max-steps to train on" in done.stdout
+    )
+    assert run_files(run_dir) == before  # nothing rewritten
+
+    longer = train(project, run_dir, *warm, "--max-steps", str(MAX_STEPS + 20))
+    assert longer.returncode == 0, longer.stderr
+    lrs = {r["step"]: r["lr"] for r in records(run_dir) if r["split"] == "train"}
+    assert sorted(lrs) == list(range(1, MAX_STEPS + 21))
+    floor = 3e-4  # min_lr
+    assert lrs[MAX_STEPS - 1] > lrs[MAX_STEPS] > floor  # still decaying at the planned end
+    after = [lrs[s] for s in range(MAX_STEPS + 1, MAX_STEPS + 21)]
+    assert after == pytest.approx([floor] * 20), lrs  # on at the floor: no jump up
+
+
+@pytest.mark.parametrize(
+    ("option", "expected"),
+    [
+        (("--seed", "-1"), "seed must be in [0, 2**32)"),
+        (("--seed", str(2**32)), "seed must be in [0, 2**32)"),
+        (("--device", "cuda:abc"), "device must be cpu, cuda or mps"),
+        (("--lr", "inf"), "lr must be a finite number > 0, got inf"),
+        (("--lr", "nan"), "lr must be a finite number > 0, got nan"),
+    ],
+    ids=["seed-negative", "seed-too-big", "device-unparseable", "lr-inf", "lr-nan"],
+)
+def test_a_bad_option_is_one_line_and_nothing_is_written(
+    project, tmp_path, tally, option, expected
+):
+    """--seed -1 and --device cuda:abc were tracebacks, --lr inf trained; now refused up front."""
+    tally[SUITE]["inputs tried"] += 1
+    run_dir = tmp_path / "run"
+    done = train(project, run_dir, *option)
+    assert is_clean_error(done, code=2), done.stderr
+    assert expected in done.stderr
+    assert not run_dir.exists()
+
+
+def test_the_command_line_works_with_docstrings_stripped(project, tally):
+    """`python -OO` strips docstrings; the parser's description came from one (a crash)."""
+    tally[SUITE]["inputs tried"] += 1
+    package = next((project / "src").iterdir()).name
+    done = subprocess.run(
+        [sys.executable, "-OO", "-m", package, "train", "--help"],
+        cwd=project, env=_env(project), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "--max-steps" in done.stdout

@@ -26,7 +26,8 @@ FAILURES = (ConfigError, DataError, CheckpointError, RunDirError, ReportError, T
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog=f"python -m {__package__}", description=__doc__.splitlines()[0])
+    summary = __doc__.splitlines()[0] if __doc__ else None  # python -OO strips docstrings
+    parser = argparse.ArgumentParser(prog=f"python -m {__package__}", description=summary)
     commands = parser.add_subparsers(dest="command", required=True)
     add_config_arguments(commands.add_parser("train", help="train, or resume the run in --run-dir"))
     check = commands.add_parser("check", help="prove the training code: overfit, batch, init, loader, resume")

@@ -4,6 +4,7 @@ learning-rate schedule; one optimizer step; one pass over the validation split.
 `train` and every check build them as one `Engine`, so a check proves the code that trains.
 """
 
+import dataclasses
 import math
 import random
 
@@ -63,6 +64,11 @@ class Engine:
         self.forward = self.model  # what the loop calls
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
+
+    def keep_schedule(self, cfg: Config, horizon: int) -> None:
+        """Decays the learning rate over `horizon` steps, whatever cfg.max_steps now says."""
+        schedule = lr_factor(dataclasses.replace(cfg, max_steps=horizon))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
 
     def parts(self) -> dict:
         """What a checkpoint holds of the engine, by name."""

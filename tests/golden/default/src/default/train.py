@@ -38,6 +38,7 @@ class TrainState:
     best_val_loss: float = math.inf
     best_step: int = 0
     evals_since_best: int = 0  # for early stopping
+    schedule_steps: int = 0  # the cosine decay's horizon: --max-steps when the run started
 
 
 def micro_batches(loader, sampler: EpochBatches, state: TrainState):
@@ -84,7 +85,7 @@ def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
     ]
     if changed:
         raise ConfigError(
-            f"{cfg.run_dir} holds a run with another model or data ({'; '.join(changed)}): "
+            f"{cfg.run_dir} holds a run with other settings ({'; '.join(changed)}): "
             "resume with its settings, or start a new --run-dir"
         )
 
@@ -110,11 +111,19 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
     latest = checkpoints.load_latest()
     if latest is None:
         run.start(cfg, splits.describe(), PRECISION)
+        state.schedule_steps = cfg.max_steps
     else:
         path, checkpoint = latest
         check_resumable(checkpoint, cfg, splits)
-        engine.load_state_dict(checkpoint)
         state = TrainState(**checkpoint["state"])
+        state.schedule_steps = state.schedule_steps or checkpoint["config"]["max_steps"]
+        if state.schedule_steps != cfg.max_steps:  # a raised --max-steps: past the horizon, min_lr
+            engine.keep_schedule(cfg, state.schedule_steps)
+        engine.load_state_dict(checkpoint)
+        if state.step >= cfg.max_steps:
+            run.close()
+            say(f"{cfg.run_dir} is complete at step {state.step}: raise --max-steps to train on")
+            return {**asdict(state), "stopped_by": None, "exit_status": 0}
         run.resume(state.step, path)
         say(f"resuming from {path} at step {state.step}")
     n_params = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)

@@ -39,7 +39,9 @@ def rng_state() -> dict:
             "gauss": numpy_state["gauss"],
         },
         "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all(),  # empty when run with --device cpu
+        # This process's own GPU only: get_rng_state_all() would start a context on every visible
+        # GPU, and could not be restored where their number differs. None with --device cpu.
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
     }
 
 
@@ -55,7 +57,8 @@ def set_rng_state(state: dict) -> None:
         }
     )
     torch.set_rng_state(state["torch"])
-    torch.cuda.set_rng_state_all(state["cuda"])
+    if state["cuda"] is not None and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda"])  # the current device: set from LOCAL_RANK
 
 
 class CheckpointDir:

@@ -8,6 +8,7 @@ Change a default here, or override it for one run:
 import argparse
 import dataclasses
 import inspect
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -17,7 +18,13 @@ class ConfigError(ValueError):
 
 
 def fixed(default):
-    """A field a resumed run must keep: it defines the model or the data the run sees."""
+    """A field a resumed run must keep: it defines the model, the data or the optimisation.
+
+    A resume refuses a different value, naming it. The other fields apply to the resumed run as
+    given: bookkeeping (logging, checkpoints, patience, workers, device) and --max-steps, which
+    extends a run; the cosine schedule keeps the horizon the run started with (TrainState.
+    schedule_steps) and steps past it train at min_lr, so the learning rate never jumps.
+    """
     return field(default=default, metadata={"resume": "fixed"})
 
 
@@ -39,11 +46,11 @@ class Config:
     max_steps: int = 2000  # optimizer steps, each over grad_accum_steps micro-batches
     batch_size: int = fixed(256)  # examples per micro-batch
     grad_accum_steps: int = fixed(4)  # micro-batches per optimizer step
-    lr: float = 3e-3  # peak learning rate, reached after the warmup
-    min_lr: float = 3e-4  # floor of the cosine decay
-    warmup_steps: int = 100  # linear warmup: large early updates are the usual cause of spikes
-    weight_decay: float = 0.1  # AdamW decay, on weight matrices only (not biases or norms)
-    grad_clip: float = 1.0  # max global gradient norm: exploding gradients stay silent until NaN
+    lr: float = fixed(3e-3)  # peak learning rate, reached after the warmup
+    min_lr: float = fixed(3e-4)  # floor of the cosine decay
+    warmup_steps: int = fixed(100)  # linear warmup: large early updates are the usual cause of spikes
+    weight_decay: float = fixed(0.1)  # AdamW decay, on weight matrices only (not biases or norms)
+    grad_clip: float = fixed(1.0)  # max global gradient norm: exploding gradients stay silent until NaN
     # validation and early stopping
     eval_every: int = 0  # steps between validations; 0: every epoch, at most EVAL_EVERY_MAX apart
     patience: int = 10  # validations without improvement before stopping early (best.pt is kept); 0: never
@@ -68,12 +75,14 @@ class Config:
         _require(0 < self.val_fraction < 1, f"val_fraction must be in (0, 1), got {self.val_fraction}")
         _require(0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}")
         _require(self.input_noise >= 0, f"input_noise must be >= 0, got {self.input_noise}")
-        _require(self.lr > 0, f"lr must be > 0, got {self.lr}")
+        _require(0 < self.lr < math.inf, f"lr must be a finite number > 0, got {self.lr}")
         _require(0 <= self.min_lr <= self.lr, f"min_lr must be in [0, lr], got {self.min_lr}")
         _require(self.grad_clip > 0, f"grad_clip must be > 0, got {self.grad_clip}")
-        _require(self.weight_decay >= 0, f"weight_decay must be >= 0, got {self.weight_decay}")
+        decay = self.weight_decay
+        _require(0 <= decay < math.inf, f"weight_decay must be a finite number >= 0, got {decay}")
+        _require(0 <= self.seed < 2**32, f"seed must be in [0, 2**32) (NumPy's range), got {self.seed}")
         _require(
-            self.device.split(":")[0] in ("cpu", "cuda", "mps"),
+            re.fullmatch(r"(cpu|cuda|mps)(:\d+)?", self.device) is not None,
             f"device must be cpu, cuda or mps (optionally with an index), got {self.device!r}",
         )
 

@@ -5,6 +5,7 @@ learning-rate schedule, the gradient scaler; one optimizer step; one pass over t
 """
 
 import contextlib
+import dataclasses
 import math
 import os
 import random
@@ -82,6 +83,11 @@ class Engine:
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
         self.scaler = torch.amp.GradScaler(device.type)
+
+    def keep_schedule(self, cfg: Config, horizon: int) -> None:
+        """Decays the learning rate over `horizon` steps, whatever cfg.max_steps now says."""
+        schedule = lr_factor(dataclasses.replace(cfg, max_steps=horizon))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
 
     def parts(self) -> dict:
         """What a checkpoint holds of the engine, by name."""
