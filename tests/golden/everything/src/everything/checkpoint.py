@@ -173,7 +173,8 @@ def _atomic_save(payload: dict, target: Path) -> None:
             raise error.__context__ from None
         if isinstance(error, OSError):
             raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None
-        if isinstance(error, RuntimeError):  # torch's zip writer on a full disk, say
-            reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        if isinstance(error, RuntimeError):  # torch's zip writer, after a failed write() say
+            cause = error.__context__
+            reason = cause.strerror if isinstance(cause, OSError) else str(error).splitlines()[0]
             raise CheckpointError(f"cannot write checkpoint {target}: {reason}") from None
         raise
