@@ -753,7 +753,7 @@ def test_one_ctrl_c_inside_a_save_finishes_it_then_stops(project, reference, tmp
 
 def test_a_second_writer_is_refused_at_once_naming_the_first(project, tmp_path, tally):
     """Two `train` on one --run-dir: the second exits 2 before writing anything, naming the PID and
-    host that hold it; the first goes on undisturbed. The lock is the kernel's (flock): the kill
+    host that hold it; the first goes on undisturbed. The lock is the kernel's (fcntl): the kill
     tests above restart after SIGKILL, so a dead holder never leaves it stuck."""
     tally[SUITE]["inputs tried"] += 1
     run_dir = tmp_path / "run"

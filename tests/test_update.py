@@ -42,7 +42,8 @@ def replace_once(path, pattern: str, replacement: str) -> None:
 
 def edit_as_owner(project) -> None:
     """A committed edit (a shorter warmup), a committed new file and an untracked one."""
-    replace_once(project / CONFIG, r"warmup_steps: int = \d+", "warmup_steps: int = 50")
+    warmup = r"warmup_steps: int = fixed\(\d+\)"
+    replace_once(project / CONFIG, warmup, "warmup_steps: int = fixed(50)")
     (project / "NOTES.md").write_text("# Our runs\n\nlr 3e-3 diverges on the big set.\n")
     git(project, "add", CONFIG, "NOTES.md")
     git(project, "-c", "user.name=Owner", "-c", "user.email=o@example.com", "commit", "-qm", "mine")
@@ -50,7 +51,7 @@ def edit_as_owner(project) -> None:
 
 
 def owner_work_is_intact(project) -> None:
-    assert "warmup_steps: int = 50" in (project / CONFIG).read_text()
+    assert "warmup_steps: int = fixed(50)" in (project / CONFIG).read_text()
     assert (project / "NOTES.md").read_text() == "# Our runs\n\nlr 3e-3 diverges on the big set.\n"
     assert (project / "scratch.txt").read_text() == "not committed\n"
 
@@ -207,7 +208,8 @@ def test_edit_on_the_same_lines_conflicts_with_markers(scaffold, tmp_path, templ
     project = tmp_path / "demo"
     new_project(project, {"device": "cpu", "precision": "fp32"}, template=template)
     edit_as_owner(project)
-    replace_once(template / CONFIG_JINJA, r"warmup_steps: int = \d+", "warmup_steps: int = 200")
+    warmup = r"warmup_steps: int = fixed\(\d+\)"
+    replace_once(template / CONFIG_JINJA, warmup, "warmup_steps: int = fixed(200)")
 
     ran = scaffold("update", project)
 
@@ -217,7 +219,8 @@ def test_edit_on_the_same_lines_conflicts_with_markers(scaffold, tmp_path, templ
     assert all(step in ran.stderr for step in ("git add", "git commit", "git merge --abort"))
     config = (project / CONFIG).read_text()
     assert re.search(
-        r"<<<<<<< .*\n.*warmup_steps: int = 50.*\n=======\n.*warmup_steps: int = 200.*\n>>>>>>> ",
+        r"<<<<<<< .*\n.*warmup_steps: int = fixed\(50\).*\n=======\n"
+        r".*warmup_steps: int = fixed\(200\).*\n>>>>>>> ",
         config,
     ), config
     owner_work_is_intact(project)  # the file the conflict is in aside
@@ -228,7 +231,7 @@ def test_edit_on_the_same_lines_conflicts_with_markers(scaffold, tmp_path, templ
     git(project, "-c", "user.name=Owner", "-c", "user.email=o@example.com", "commit", "-q",
         "--no-edit")  # fmt: skip
     assert scaffold("update", project).stdout.startswith("Nothing to update")
-    assert "warmup_steps: int = 50" in (project / CONFIG).read_text()
+    assert "warmup_steps: int = fixed(50)" in (project / CONFIG).read_text()
 
 
 # --- (d): refusals that change nothing ----------------------------------------------------

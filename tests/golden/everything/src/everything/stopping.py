@@ -7,10 +7,11 @@ ended. Run the same command to resume: the stop costs no steps. A second signal 
 leaving the newest checkpoint as it was.
 
 A run folder has one writer: `train` holds an exclusive lock on RUN_DIR/.lock for the whole run
-(flock: the kernel drops it when the process ends, even by kill -9), and a second `train` on the
-same folder stops before writing anything.
+(a POSIX record lock: the kernel drops it when the process ends, even by kill -9, and loader
+workers forked from it do not inherit it), and a second `train` on the folder stops at once.
 """
 
+import errno
 import fcntl
 import os
 import signal
@@ -69,8 +70,11 @@ class RunLock:
         self.path = run_dir / ".lock"
         self.file = self.path.open("a+", encoding="utf-8")
         try:
-            fcntl.flock(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as error:
+            if error.errno not in (errno.EACCES, errno.EAGAIN):
+                self.file.close()
+                raise
             self.file.seek(0)
             holder = self.file.read().strip() or "another process"
             self.file.close()
