@@ -1,10 +1,11 @@
-"""The command line: train, check, inspect-data.
+"""The command line: train, check, inspect-data, plot, report, diagnose.
 
     python -m default train [--data FILE] [--run-dir DIR] [--max-steps N] ...
     python -m default check [all|overfit|batch|init|loader|resume] ...
     python -m default inspect-data [--data FILE]
     python -m default plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
-    python -m default report RUN_DIR
+    python -m default report RUN_DIR [--since EARLIER_RUN_DIR]
+    python -m default diagnose RUN_DIR [RUN_DIR ...] [--json]
 
 Every field of config.Config is an option; `train --help` lists them.
 """
@@ -16,6 +17,7 @@ from .checkpoint import CheckpointError
 from .checks import run_checks
 from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
+from .diagnose import DiagnoseError, run_diagnose
 from .report import ReportError, plot, report
 from .runlog import RunDirError
 from .train import TrainingError, train
@@ -33,15 +35,22 @@ def main(argv: list[str] | None = None) -> int:
     plotter = commands.add_parser("plot", help="loss and metric curves of runs, overlaid")
     plotter.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     plotter.add_argument("-o", "--output", default="curves.png", metavar="FILE.png")
-    commands.add_parser("report", help="the summary of a run").add_argument("run_dir", metavar="RUN_DIR")
+    reporter = commands.add_parser("report", help="the summary of a run")
+    reporter.add_argument("run_dir", metavar="RUN_DIR")
+    reporter.add_argument("--since", metavar="RUN_DIR", help="an earlier run: the issues this one fixed")
+    doctor = commands.add_parser("diagnose", help="what the loss curves say is wrong, with first checks")
+    doctor.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    doctor.add_argument("--json", action="store_true", help="the findings as JSON")
     args = parser.parse_args(argv)
     try:
         if args.command == "plot":
             print(f"wrote {plot(args.run_dirs, args.output)}")
             return 0
         if args.command == "report":
-            print(report(args.run_dir))
+            print(report(args.run_dir, args.since))
             return 0
+        if args.command == "diagnose":
+            return run_diagnose(args.run_dirs, args.json)
         cfg = config_from_args(args)
         if args.command == "train":
             train(cfg)
@@ -50,9 +59,12 @@ def main(argv: list[str] | None = None) -> int:
             return run_checks(cfg, args.which)
         print(summarize(load_splits(cfg)))
         return 0
-    except (ConfigError, DataError, CheckpointError, RunDirError, ReportError, TrainingError) as error:
+    except (ConfigError, DataError, DiagnoseError) as error:  # bad input
         print(f"error: {error}", file=sys.stderr)
-        return 2 if isinstance(error, ConfigError | DataError) else 1
+        return 2
+    except (CheckpointError, RunDirError, ReportError, TrainingError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         print("interrupted: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)
         return 130

@@ -54,6 +54,15 @@ def micro_batches(loader, sampler: EpochBatches, state: TrainState):
         state.batch_in_epoch = 0
 
 
+def waited(batches, waits: list[float]):
+    """Passes batches through, adding the seconds each took to arrive to waits[0]."""
+    while True:
+        start = time.perf_counter()
+        batch = next(batches)
+        waits[0] += time.perf_counter() - start
+        yield batch
+
+
 def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
     """Steps between validations, and one line saying what was chosen and why.
 
@@ -125,7 +134,8 @@ def train(cfg: Config, quiet: bool = False) -> dict:
     train_loader, val_loader, sampler = build_loaders(splits, cfg, device, group.rank, group.world_size)
     eval_every, plan = validation_schedule(cfg, sampler)
     say(plan)
-    batches = micro_batches(train_loader, sampler, state)
+    waits = [0.0]  # seconds the loop spent waiting for its next batch
+    batches = waited(micro_batches(train_loader, sampler, state), waits)
     if latest is not None:
         set_rng_state(checkpoint["rng"][group.rank])  # last: nothing above may consume these streams
 
@@ -158,6 +168,8 @@ def train(cfg: Config, quiet: bool = False) -> dict:
                 loss = all_reduce_sum(loss) / group.world_size  # the mean over every rank's examples
                 loss, grad_norm = loss.item(), grad_norm.item()
                 if not math.isfinite(loss):  # before any checkpoint could hold the damage
+                    # recorded for diagnose, which reads the lr and grad norm before it
+                    run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
                     raise TrainingError(
                         f"loss is {loss} at step {state.step}: lower --lr, check the precision"
                         " (fp16 overflows where bf16 does not), and inspect the data (inspect-data)"
@@ -202,6 +214,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         "best_checkpoint": str(checkpoints.path / "best.pt"),
         "seconds": seconds,
         "examples_per_s": examples / seconds if seconds > 0 else math.nan,
+        "data_wait_share": waits[0] / seconds if seconds > 0 else math.nan,  # diagnose: loader-bound?
     }
     run.finish(summary)
     best = summary["best_checkpoint"]
