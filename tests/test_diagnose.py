@@ -122,7 +122,9 @@ def test_fp16_skips_are_nan_only_past_a_few(diag, tmp_path):
 
 
 def test_flat_from_step_zero(diag, tmp_path):
-    run_dir = write_run(tmp_path / "flat", train=lambda s: 1.386, val=lambda s: 1.386, grad_norm=lambda s: 0.0)
+    run_dir = write_run(
+        tmp_path / "flat", train=lambda s: 1.386, val=lambda s: 1.386, grad_norm=lambda s: 0.0
+    )
     [finding] = diag.diagnose(diag.load_run(str(run_dir)), leak_test=False)
     assert finding.name == "flat"
     assert "no gradient reaches the parameters" in finding.evidence  # grad_norm 0 throughout
@@ -140,22 +142,33 @@ def test_overfitting_from_the_best_validation(diag, tmp_path):
 
 
 def test_overfitting_that_early_stopping_ended_is_not_a_finding(diag, tmp_path):
-    run_dir = write_run(tmp_path / "stopped", val=overfit_val, last_step=1300, finished={"step": 1300})
+    run_dir = write_run(
+        tmp_path / "stopped", val=overfit_val, last_step=1300, finished={"step": 1300}
+    )
     assert names(diag, run_dir) == []
 
 
-def test_val_better_than_train_without_a_leak(diag, tmp_path):
-    run_dir = write_run(tmp_path / "vbt", val=lambda s: 0.5 * healthy_loss(s))
+def test_val_better_than_train_is_normal_only_with_dropout(diag, tmp_path):
+    low_val = lambda s: 0.5 * healthy_loss(s)  # noqa: E731
+    run_dir = write_run(tmp_path / "vbt", val=low_val, dropout=0.0)
     [finding] = diag.diagnose(diag.load_run(str(run_dir)))  # the leak test reads the synthetic data
     assert finding.name == "val-better-than-train"
-    assert "no validation input is in train by hash" in finding.evidence
+    assert "no validation input is in train by hash and dropout is off" in finding.evidence
+    normal = diag.load_run(str(write_run(tmp_path / "dropout", val=low_val)))
+    assert diag.diagnose(normal) == []  # dropout 0.1 and no shared input: the rules' normal case
 
 
 def test_spiky_against_a_running_median(diag, tmp_path):
-    spiky = write_run(tmp_path / "spiky", train=lambda s: 3 * healthy_loss(s) if s % 400 == 0 else healthy_loss(s))
+    spiky = write_run(
+        tmp_path / "spiky", train=lambda s: 3 * healthy_loss(s) if s % 400 == 0 else healthy_loss(s)
+    )
     [finding] = diag.diagnose(diag.load_run(str(spiky)), leak_test=False)
-    assert finding.name == "spiky" and finding.step == 400 and finding.evidence.startswith("5 spikes")
-    once = write_run(tmp_path / "once", train=lambda s: 3 * healthy_loss(s) if s == 400 else healthy_loss(s))
+    assert (
+        finding.name == "spiky" and finding.step == 400 and finding.evidence.startswith("5 spikes")
+    )
+    once = write_run(
+        tmp_path / "once", train=lambda s: 3 * healthy_loss(s) if s == 400 else healthy_loss(s)
+    )
     assert names(diag, once) == []  # one bad batch is not a spiky run
 
 
@@ -184,13 +197,36 @@ def test_a_schedule_that_ended_before_the_run(diag, tmp_path):
     assert names(diag, run_dir) == ["schedule-ended-early"]
 
 
+def test_a_schedule_restarted_by_a_resume(diag, tmp_path):
+    # built for 300 steps, resumed at 300 with --max-steps 2000: the cosine starts again at its peak
+    run_dir = write_run(tmp_path / "jump", train=healthy_loss)
+    path = run_dir / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for r in records:
+        if r["split"] == "train":
+            r["lr"] = lr_at(
+                r["step"] - 1, {**CONFIG, "max_steps": 300 if r["step"] <= 300 else MAX_STEPS}
+            )
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    record = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**record, "resumed": [{"at_step": 300}]}))
+    [finding] = diag.diagnose(diag.load_run(str(run_dir)), leak_test=False)
+    assert (
+        finding.name == "lr-jump"
+        and finding.step == 310
+        and "resumed at step 300" in finding.evidence
+    )
+
+
 def test_a_gradient_norm_pinned_at_the_clip(diag, tmp_path):
     run_dir = write_run(tmp_path / "clip", grad_norm=lambda s: 4.0)
     assert names(diag, run_dir) == ["grad-norm-pinned"]
 
 
 def test_two_runs_name_the_fix(diag, tmp_path, capsys):
-    before = write_run(tmp_path / "low", train=lambda s: 1.386, val=lambda s: 1.386, lr=1e-7, min_lr=0.0)
+    before = write_run(
+        tmp_path / "low", train=lambda s: 1.386, val=lambda s: 1.386, lr=1e-7, min_lr=0.0
+    )
     after = write_run(tmp_path / "fixed")
     assert diag.run_diagnose([str(before), str(after)]) == 1  # the first run has a finding
     out = capsys.readouterr().out
@@ -203,13 +239,112 @@ def test_two_runs_name_the_fix(diag, tmp_path, capsys):
 
 def test_the_command_line_exit_status_and_json(tmp_path):
     project = render(tmp_path / "cli")
-    flat = write_run(tmp_path / "flat", train=lambda s: 1.386, val=lambda s: 1.386, grad_norm=lambda s: 0.0)
+    flat = write_run(
+        tmp_path / "flat", train=lambda s: 1.386, val=lambda s: 1.386, grad_norm=lambda s: 0.0
+    )
     done = run(project, "diagnose", flat, "--json")
     assert done.returncode == 1, done.stderr
     [finding] = json.loads(done.stdout)["runs"][0]["findings"]
     assert finding["name"] == "flat" and finding["checks"].startswith("gradients not flowing")
     missing = run(project, "diagnose", tmp_path / "nowhere")
-    assert missing.returncode == 2 and missing.stderr.startswith("error: ") and "Traceback" not in missing.stderr
+    assert (
+        missing.returncode == 2
+        and missing.stderr.startswith("error: ")
+        and "Traceback" not in missing.stderr
+    )
     report = run(project, "report", flat)
     assert report.returncode == 0, report.stderr
     assert report.stdout.splitlines()[-1].startswith("**Issues found:** flat: train loss")
+
+
+# --- real runs with a planted cause (slow: each trains a project) -------------------------------
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """The default project, and a function that trains a run in it and diagnoses the run."""
+    project = render(tmp_path_factory.mktemp("real") / "real")
+
+    def train_and_diagnose(name: str, *options) -> list[dict]:
+        done = run(project, "train", "--run-dir", f"runs/{name}", *options)
+        assert done.returncode in (0, 1), done.stderr  # 1: stopped by a NaN, as planted
+        diagnosed = run(project, "diagnose", f"runs/{name}", "--json")
+        assert diagnosed.returncode in (0, 1), diagnosed.stderr
+        return json.loads(diagnosed.stdout)["runs"][0]["findings"]
+
+    return project, train_and_diagnose
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("cause", "options", "expected"),
+    [
+        ("healthy", (), []),
+        ("lr-far-too-high", ("--lr", "30", "--warmup-steps", "0"), ["nan"]),
+        ("lr-far-too-low", ("--lr", "1e-7", "--min-lr", "0", "--max-steps", "300"), ["flat"]),
+        (
+            "tiny-split-trained-long",
+            (
+                "--max-train-examples",
+                "256",
+                "--patience",
+                "0",
+                "--dropout",
+                "0",
+                "--max-steps",
+                "600",
+            ),
+            ["overfitting"],
+        ),
+        ("ends-in-warmup", ("--max-steps", "50"), ["lr-in-warmup"]),
+    ],
+)
+def test_a_planted_cause_gives_its_finding(trained, cause, options, expected):
+    _, train_and_diagnose = trained
+    assert [f["name"] for f in train_and_diagnose(cause, *options)] == expected
+
+
+@pytest.mark.slow
+def test_detached_logits_are_flat_with_no_gradient(trained):
+    project, train_and_diagnose = trained
+    model = project / "src" / "real" / "model.py"
+    text = model.read_text()
+    detached = "F.cross_entropy(logits.float().detach().requires_grad_(), y)"
+    model.write_text(text.replace("F.cross_entropy(logits.float(), y)", detached))
+    try:
+        [finding] = train_and_diagnose("detached", "--max-steps", "200")
+    finally:
+        model.write_text(text)
+    assert finding["name"] == "flat" and "no gradient reaches the parameters" in finding["evidence"]
+
+
+@pytest.mark.slow
+def test_rows_duplicated_in_the_file_are_a_split_leak(trained, tmp_path):
+    _, train_and_diagnose = trained
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((1000, 8)).astype(np.float32)
+    y = (x[:, 0] > 0).astype(np.int64)
+    np.savez(tmp_path / "dup.npz", x=np.concatenate([x, x]), y=np.concatenate([y, y]))
+    findings = train_and_diagnose("leak", "--data", tmp_path / "dup.npz", "--max-steps", "100")
+    [leak] = [f for f in findings if f["name"] == "split-leak"]
+    shared, n_val = map(
+        int, leak["evidence"].split(" validation")[0].replace(",", "").split(" of ")
+    )
+    assert n_val == 200 and shared > 150  # each held-out row's twin is in train 90% of the time
+
+
+@pytest.mark.slow
+def test_find_lr_suggests_a_rate_and_leaves_no_run_folder(trained, tmp_path):
+    project, _ = trained
+    before = (
+        sorted(p.name for p in (project / "runs").iterdir()) if (project / "runs").exists() else []
+    )
+    done = run(project, "find-lr", "-o", tmp_path / "lr.png", "--range-steps", "100")
+    assert done.returncode == 0, done.stderr
+    suggested = float(done.stdout.split("suggested --lr ")[1].split()[0])
+    assert 1e-5 < suggested < 1.0  # between the flat start and the divergence of the sweep
+    assert (tmp_path / "lr.png").stat().st_size > 0
+    after = (
+        sorted(p.name for p in (project / "runs").iterdir()) if (project / "runs").exists() else []
+    )
+    assert after == before

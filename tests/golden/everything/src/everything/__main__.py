@@ -1,4 +1,4 @@
-"""The command line: train, check, inspect-data, plot, report, diagnose.
+"""The command line: train, check, inspect-data, plot, report, diagnose, find-lr.
 
     python -m everything train [--data FILE] [--run-dir DIR] [--max-steps N] ...
     python -m everything check [all|overfit|batch|init|loader|resume] ...
@@ -6,6 +6,7 @@
     python -m everything plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
     python -m everything report RUN_DIR [--since EARLIER_RUN_DIR]
     python -m everything diagnose RUN_DIR [RUN_DIR ...] [--json]
+    python -m everything find-lr [-o FILE.png] [train options]
 
 Every field of config.Config is an option; `train --help` lists them.
 """
@@ -22,6 +23,7 @@ from .distributed import shutdown
 from .report import ReportError, plot, report
 from .runlog import RunDirError
 from .train import TrainingError, train
+from .tune import RANGE_STEPS, find_lr
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,6 +44,10 @@ def main(argv: list[str] | None = None) -> int:
     doctor = commands.add_parser("diagnose", help="what the loss curves say is wrong, with first checks")
     doctor.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     doctor.add_argument("--json", action="store_true", help="the findings as JSON")
+    finder = commands.add_parser("find-lr", help="the learning-rate range test: a suggested --lr and a plot")
+    finder.add_argument("-o", "--output", default="lr_range.png", metavar="FILE.png")
+    finder.add_argument("--range-steps", type=int, default=RANGE_STEPS, help="steps of the sweep")
+    add_config_arguments(finder)
     args = parser.parse_args(argv)
     try:
         if args.command == "plot":
@@ -58,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "check":
             return run_checks(cfg, args.which)
+        if args.command == "find-lr":
+            print(find_lr(cfg, args.output, args.range_steps))
+            return 0
         print(summarize(load_splits(cfg)))
         return 0
     except (ConfigError, DataError, DiagnoseError) as error:  # bad input

@@ -9,6 +9,7 @@ leak test, the run's data through load_splits. It writes nothing.
 """
 
 import hashlib
+import itertools
 import json
 import math
 import statistics
@@ -24,7 +25,7 @@ FLAT_MIN_DROP = 0.05  # a working loop takes 5% off the initial loss in its firs
 OVERFIT_MIN_EVALS = 3  # validations in a row above the best: one bad validation is noise
 OVERFIT_RISE = 0.10  # their mean is 10% above the best validation loss: more than eval noise
 OVERFIT_TRAIN_DROP = 0.05  # while train loss fell by 5% or more over the same stretch
-VAL_BETTER_MARGIN = 0.30  # val loss 30% below train: dropout 0.1 alone keeps the gap far smaller
+VAL_BETTER_MARGIN = 0.30  # val loss 30% below train: far past the noise of a batch's loss
 VAL_BETTER_SHARE = 0.5  # on over half of the validations in the run's second half
 LEAK_MIN_SHARE = 0.05  # val inputs also in train: text repeats a few windows naturally (1 in 244)
 LEAK_MAX_EXAMPLES = 300_000  # examples hashed per split: seconds, not minutes
@@ -35,6 +36,7 @@ SPIKE_MIN_COUNT = 3  # spikes before a run is spiky: one can be a bad batch
 LOADER_BOUND_SHARE = 0.5  # time waiting for data: past half, loading is slower than the step itself
 CLIP_PINNED_SHARE = 0.9  # steps after warmup with the gradient norm over the clip: the clip sets the step
 SCHEDULE_FLOOR_SHARE = 0.10  # share of the run spent at the decay's floor: it ended before the run
+LR_JUMP_FACTOR = 1.5  # after warmup the lr only decays: a rise by half is a restarted schedule
 SKIPPED_MAX_SHARE = 0.05  # fp16 steps the GradScaler skipped: a few at the start find the scale
 
 CHECKS = {  # the first checks the training rules give, by finding
@@ -50,8 +52,10 @@ CHECKS = {  # the first checks the training rules give, by finding
     "batch too small",
     "loader-bound": "raise --num-workers; move decoding out of the main process; profile one window",
     "lr-in-warmup": "the run ended inside its warmup: more --max-steps or fewer --warmup-steps",
-    "schedule-ended-early": "resumed with a larger --max-steps than the schedule was built for? "
-    "start a new run with the length you want",
+    "lr-jump": "the schedule restarted without warmup, a cause of spikes: keep --max-steps when resuming, "
+    "or start a new run",
+    "schedule-ended-early": "the schedule is built for fewer steps than the run trained (an edited "
+    "lr_factor?): build it for max_steps",
     "grad-norm-pinned": "every update is clipped, so the clip sets the step size: lower --lr "
     "or raise --grad-clip",
 }
@@ -208,13 +212,15 @@ def find_val_better(run: Run, leak_test: bool) -> list[Finding]:
     if not late or len(better) <= VAL_BETTER_SHARE * len(late):
         return found
     r, t = better[-1]
-    dropout = run.config.get("dropout")
+    dropout = run.config.get("dropout", 0)
     if leak is None:
-        why = "leak test not run"
+        why = "leak test not run (the data is not where run.json says)"
     elif leak[0] > LEAK_MIN_SHARE * leak[1]:
         why = "leakage: see split-leak"
+    elif dropout:
+        return found  # the rules' normal case: dropout is on in training only, and no input is shared
     else:
-        why = f"no validation input is in train by hash, so likely dropout ({dropout}) or augmentation"
+        why = "no validation input is in train by hash and dropout is off: augmentation in train only?"
     evidence = (
         f"val loss {r['loss']:.4g} against train {t:.4g} at step {r['step']}, "
         f"{len(better)} of {len(late)} late validations {VAL_BETTER_MARGIN:.0%}+ below train; {why}"
@@ -270,7 +276,7 @@ def find_loader_bound(run: Run) -> list[Finding]:
     share = finished.get("data_wait_share")
     if share is not None and share > LOADER_BOUND_SHARE:
         evidence = (
-            f"the run waited for data {share:.0%} of its {finished['seconds']:.1f} s "
+            f"its training steps waited for data {share:.0%} of their time "
             f"({finished['examples_per_s']:,.0f} examples/s, num_workers={run.config.get('num_workers')})"
         )
         found.append(Finding("loader-bound", evidence))
@@ -288,10 +294,19 @@ def find_schedule(run: Run) -> list[Finding]:
     peak, last = max(r["lr"] for r in train), train[-1]
     if last["step"] < cfg["warmup_steps"]:
         evidence = (
-            f"lr {last['lr']:.3g} at the last step {last['step']}, {last['lr'] / peak:.0%} of the way up "
-            f"a {cfg['warmup_steps']}-step warmup"
+            f"lr {last['lr']:.3g} at the last step {last['step']}, {last['lr'] / cfg.get('lr', peak):.0%} "
+            f"of the way up"
+            f" a {cfg['warmup_steps']}-step warmup"
         )
         return [Finding("lr-in-warmup", evidence, last["step"])]
+    after = [r for r in train if r["step"] > cfg["warmup_steps"]]
+    resumed = [r["at_step"] for r in run.record.get("resumed", [])]
+    for a, b in itertools.pairwise(after):
+        if b["lr"] > a["lr"] * LR_JUMP_FACTOR:
+            at = [s for s in resumed if a["step"] <= s < b["step"]]
+            why = f" (resumed at step {at[0]}: with another --max-steps?)" if at else ""
+            evidence = f"lr rose {a['lr']:.3g} -> {b['lr']:.3g} from step {a['step']} to {b['step']}{why}"
+            return [Finding("lr-jump", evidence, b["step"])]
     floor = cfg.get("min_lr", 0.0)
     at_floor = [r for r in train if r["step"] > cfg["warmup_steps"] and r["lr"] <= floor * (1 + 1e-6)]
     if at_floor and (last["step"] - at_floor[0]["step"]) > SCHEDULE_FLOOR_SHARE * last["step"]:

@@ -134,7 +134,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
     train_loader, val_loader, sampler = build_loaders(splits, cfg, device, group.rank, group.world_size)
     eval_every, plan = validation_schedule(cfg, sampler)
     say(plan)
-    waits = [0.0]  # seconds the loop spent waiting for its next batch
+    waits = [0.0, 0.0]  # seconds spent waiting for the next batch, and in training steps in all
     batches = waited(micro_batches(train_loader, sampler, state), waits)
     if latest is not None:
         set_rng_state(checkpoint["rng"][group.rank])  # last: nothing above may consume these streams
@@ -156,6 +156,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
     started, first_step, stop = time.perf_counter(), state.step, False
     try:
         while state.step < cfg.max_steps and not stop:
+            step_started = time.perf_counter()
             lr = engine.scheduler.get_last_lr()[0]
             loss, grad_norm = train_step(engine, batches, cfg, device)
             skipped += grad_norm.isfinite().logical_not()  # the scaler's own test: inf or NaN grads
@@ -184,6 +185,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
                     )
                 run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm, **extra)
                 progress.log(state.step, loss, lr, grad_norm)
+            waits[1] += time.perf_counter() - step_started  # to the logging sync; not validation
             if state.step % eval_every == 0 or last:
                 metrics = evaluate(engine, val_loader, splits, device)
                 run.log(step=state.step, split="val", **metrics)
@@ -214,7 +216,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         "best_checkpoint": str(checkpoints.path / "best.pt"),
         "seconds": seconds,
         "examples_per_s": examples / seconds if seconds > 0 else math.nan,
-        "data_wait_share": waits[0] / seconds if seconds > 0 else math.nan,  # diagnose: loader-bound?
+        "data_wait_share": waits[0] / waits[1] if waits[1] > 0 else math.nan,  # of the training steps' time
     }
     run.finish(summary)
     best = summary["best_checkpoint"]
