@@ -34,7 +34,10 @@ SPIKE_FACTOR = 1.5  # a loss 1.5x its running median is a spike, not batch-to-ba
 SPIKE_MIN_RISE = 0.05  # and above it by 5% of the initial loss: near zero, wiggles are large ratios
 SPIKE_MIN_COUNT = 3  # spikes before a run is spiky: one can be a bad batch
 LOADER_BOUND_SHARE = 0.5  # time waiting for data: past half, loading is slower than the step itself
-CLIP_PINNED_SHARE = 0.9  # steps after warmup with the gradient norm over the clip: the clip sets the step
+CLIP_PINNED_SHARE = 0.9  # steps after warmup with the gradient norm over the clip: the clip always acts
+# and their median norm 10x the clip: just over it costs AdamW little (it rescales its updates),
+# ten times over, the clip is far too low or the gradients keep growing
+CLIP_PINNED_FACTOR = 10.0
 SCHEDULE_FLOOR_SHARE = 0.10  # share of the run spent at the decay's floor: it ended before the run
 LR_JUMP_FACTOR = 1.5  # after warmup the lr only decays: a rise by half is a restarted schedule
 SKIPPED_MAX_SHARE = 0.05  # fp16 steps the GradScaler skipped: a few at the start find the scale
@@ -56,8 +59,8 @@ CHECKS = {  # the first checks the training rules give, by finding
     "or start a new run",
     "schedule-ended-early": "the schedule is built for fewer steps than the run trained (an edited "
     "lr_factor?): build it for max_steps",
-    "grad-norm-pinned": "every update is clipped, so the clip sets the step size: lower --lr "
-    "or raise --grad-clip",
+    "grad-norm-pinned": "every update is clipped far below its norm: --grad-clip too low for this "
+    "model, or gradients growing (learning rate too high)",
 }
 
 
@@ -325,9 +328,9 @@ def find_clip_pinned(run: Run) -> list[Finding]:
     if clip is None or len(late) < MIN_TRAIN_RECORDS:
         return []
     over = [r for r in late if r["grad_norm"] > clip]
-    if len(over) < CLIP_PINNED_SHARE * len(late):
-        return []
     median = statistics.median(r["grad_norm"] for r in late)
+    if len(over) < CLIP_PINNED_SHARE * len(late) or median < CLIP_PINNED_FACTOR * clip:
+        return []
     evidence = (
         f"grad_norm over the clip {clip} on {len(over)} of {len(late)} logged steps after warmup "
         f"(median {median:.3g}, from step {over[0]['step']})"
