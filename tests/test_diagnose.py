@@ -118,7 +118,7 @@ def test_fp16_skips_are_nan_only_past_a_few(diag, tmp_path):
     assert names(diag, few) == []  # the scaler finding its scale at the start
     many = write_run(tmp_path / "many", extra=lambda s: {"skipped_steps": s // 5})
     [finding] = diag.diagnose(diag.load_run(str(many)), leak_test=False)
-    assert finding.name == "nan" and "skipped by the GradScaler" in finding.evidence
+    assert finding.name == "nan" and "skipped by the gradient scaler" in finding.evidence
 
 
 def test_flat_from_step_zero(diag, tmp_path):

@@ -1,8 +1,10 @@
 """Reads finished runs and applies the training rules' table for when the loss looks wrong:
 
-    python -m everything diagnose runs/default             # one line per finding; exit 1 if any
-    python -m everything diagnose runs/lr-high runs/lr-3e-3  # and what the second no longer shows
-    python -m everything diagnose runs/default --json      # the findings, for CI
+    python -m everything diagnose runs/default  # one line a finding
+    python -m everything diagnose runs/a runs/b  # and what b no longer shows
+    python -m everything diagnose runs/default --json  # for CI
+
+Exit status 1 when a run has a finding.
 
 It reads run.json, metrics.jsonl, the latest check summary (runs/check/summary.json) and, for the
 leak test, the run's data through load_splits. It writes nothing.
@@ -40,7 +42,7 @@ CLIP_PINNED_SHARE = 0.9  # steps after warmup with the gradient norm over the cl
 CLIP_PINNED_FACTOR = 10.0
 SCHEDULE_FLOOR_SHARE = 0.10  # share of the run spent at the decay's floor: it ended before the run
 LR_JUMP_FACTOR = 1.5  # after warmup the lr only decays: a rise by half is a restarted schedule
-SKIPPED_MAX_SHARE = 0.05  # fp16 steps the GradScaler skipped: a few at the start find the scale
+SKIPPED_MAX_SHARE = 0.05  # fp16 steps the gradient scaler skipped: a few at the start find the scale
 
 CHECKS = {  # the first checks the training rules give, by finding
     "nan": "learning rate too high; fp16 overflow (switch to bf16 or check the scaler); "
@@ -122,9 +124,9 @@ def diagnose(run: Run, leak_test: bool = True) -> list[Finding]:
 
 def find_nan(run: Run) -> list[Finding]:
     precision = run.record.get("precision", "fp32")
-    scaled = bool(run.train) and "skipped_steps" in run.train[-1]  # fp16: the GradScaler's count
+    scaled = bool(run.train) and "skipped_steps" in run.train[-1]  # fp16: the gradient scaler's count
     skipped = run.train[-1]["skipped_steps"] if scaled else 0
-    scaler = f", GradScaler skipped {skipped} steps" if scaled else ""
+    scaler = f", the gradient scaler skipped {skipped} steps" if scaled else ""
     for i, r in enumerate(run.train):
         # With a scaler an inf gradient norm is a skipped step, counted below, not a failure.
         if math.isfinite(r["loss"]) and (scaled or math.isfinite(r["grad_norm"])):
@@ -142,7 +144,7 @@ def find_nan(run: Run) -> list[Finding]:
         return [Finding("nan", evidence, r["step"])]
     steps = run.train[-1]["step"] if run.train else 0
     if scaled and skipped > SKIPPED_MAX_SHARE * steps:
-        evidence = f"fp16 gradients overflowed on {skipped} of {steps} steps, skipped by the GradScaler"
+        evidence = f"fp16 gradients overflowed on {skipped} of {steps} steps, skipped by the gradient scaler"
         return [Finding("nan", f"{evidence} ({skipped / steps:.0%}); precision {precision}")]
     return []
 

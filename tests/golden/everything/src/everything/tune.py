@@ -1,8 +1,8 @@
 """The learning-rate range test (`find-lr`): a fresh copy of the model trained for a few hundred
 steps while the learning rate grows exponentially; the loss against the rate says where to train.
 
-    python -m everything find-lr                       # the default model and data
-    python -m everything find-lr --data FILE -o lr.png  # any train option applies
+    python -m everything find-lr  # the default model and data
+    python -m everything find-lr --data FILE -o lr.png  # any train option
 
 It builds its own model, optimizer and loader from the options, as `train` would, and writes
 only the plot: no run folder, no checkpoint.
