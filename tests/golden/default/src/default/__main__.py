@@ -1,10 +1,12 @@
-"""The command line: train, check, inspect-data.
+"""The command line: train, check, inspect-data, plot, report, diagnose, find-lr.
 
     python -m default train [--data FILE] [--run-dir DIR] [--max-steps N] ...
     python -m default check [all|overfit|batch|init|loader|resume] ...
     python -m default inspect-data [--data FILE]
     python -m default plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
-    python -m default report RUN_DIR
+    python -m default report RUN_DIR [--since EARLIER_RUN_DIR]
+    python -m default diagnose RUN_DIR [RUN_DIR ...] [--json]
+    python -m default find-lr [-o FILE.png] [train options]
 
 Every field of config.Config is an option; `train --help` lists them.
 """
@@ -16,13 +18,16 @@ from .checkpoint import CheckpointError
 from .checks import run_checks
 from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
+from .diagnose import DiagnoseError, run_diagnose
 from .report import ReportError, plot, report
 from .runlog import RunDirError
 from .stopping import Aborted, RunFolderBusy
 from .train import TrainingError, train
+from .tune import RANGE_STEPS, find_lr
 
 # Errors a user can act on: one line and exit 2 (the input or the run folder) or 1 (what happened).
-FAILURES = (ConfigError, DataError, CheckpointError, RunDirError, ReportError, TrainingError, RunFolderBusy)
+BAD_INPUT = (ConfigError, DataError, DiagnoseError, RunFolderBusy)
+FAILURES = (*BAD_INPUT, CheckpointError, RunDirError, ReportError, TrainingError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,25 +43,39 @@ def main(argv: list[str] | None = None) -> int:
     plotter = commands.add_parser("plot", help="loss and metric curves of runs, overlaid")
     plotter.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     plotter.add_argument("-o", "--output", default="curves.png", metavar="FILE.png")
-    commands.add_parser("report", help="the summary of a run").add_argument("run_dir", metavar="RUN_DIR")
+    reporter = commands.add_parser("report", help="the summary of a run")
+    reporter.add_argument("run_dir", metavar="RUN_DIR")
+    reporter.add_argument("--since", metavar="RUN_DIR", help="an earlier run: the issues this one fixed")
+    doctor = commands.add_parser("diagnose", help="what the loss curves say is wrong, with first checks")
+    doctor.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    doctor.add_argument("--json", action="store_true", help="the findings as JSON")
+    finder = commands.add_parser("find-lr", help="the learning-rate range test: a suggested --lr and a plot")
+    finder.add_argument("-o", "--output", default="lr_range.png", metavar="FILE.png")
+    finder.add_argument("--range-steps", type=int, default=RANGE_STEPS, help="steps of the sweep")
+    add_config_arguments(finder)
     args = parser.parse_args(argv)
     try:
         if args.command == "plot":
             print(f"wrote {plot(args.run_dirs, args.output)}")
             return 0
         if args.command == "report":
-            print(report(args.run_dir))
+            print(report(args.run_dir, args.since))
             return 0
+        if args.command == "diagnose":
+            return run_diagnose(args.run_dirs, args.json)
         cfg = config_from_args(args)
         if args.command == "train":
             return train(cfg)["exit_status"]
         if args.command == "check":
             return run_checks(cfg, args.which)
+        if args.command == "find-lr":
+            print(find_lr(cfg, args.output, args.range_steps))
+            return 0
         print(summarize(load_splits(cfg)))
         return 0
     except FAILURES as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2 if isinstance(error, ConfigError | DataError | RunFolderBusy) else 1
+        return 2 if isinstance(error, BAD_INPUT) else 1
     except KeyboardInterrupt as error:  # before training started, or a second stop signal (Aborted)
         how = f"aborted by a second {error}" if isinstance(error, Aborted) else "interrupted"
         print(f"{how}: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)

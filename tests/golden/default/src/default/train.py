@@ -52,6 +52,19 @@ def micro_batches(loader, sampler: EpochBatches, state: TrainState):
         state.batch_in_epoch = 0
 
 
+def waited(batches, waits: list[float]):
+    """Passes batches through, adding the seconds each took to arrive to waits[0]; closing it
+    closes `batches` (and so ends the loader's workers)."""
+    try:
+        while True:
+            start = time.perf_counter()
+            batch = next(batches)
+            waits[0] += time.perf_counter() - start
+            yield batch
+    finally:
+        batches.close()
+
+
 def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
     """Steps between validations, and one line saying what was chosen and why.
 
@@ -132,7 +145,8 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
     train_loader, val_loader, sampler = build_loaders(splits, cfg, device)
     eval_every, plan = validation_schedule(cfg, sampler)
     say(plan)
-    batches = micro_batches(train_loader, sampler, state)
+    waits = [0.0, 0.0]  # seconds spent waiting for the next batch, and in training steps in all
+    batches = waited(micro_batches(train_loader, sampler, state), waits)
     if latest is not None:
         set_rng_state(checkpoint["rng"])  # last: nothing above may consume the restored streams
 
@@ -151,6 +165,7 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
     started, first_step, stop, signum = time.perf_counter(), state.step, False, 0
     try:
         while state.step < cfg.max_steps and not stop:
+            step_started = time.perf_counter()
             lr = engine.scheduler.get_last_lr()[0]
             loss, grad_norm = train_step(engine, batches, cfg, device)
             engine.scheduler.step()
@@ -162,12 +177,15 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
             if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
                 loss, grad_norm = loss.item(), grad_norm.item()
                 if not math.isfinite(loss):  # before any checkpoint could hold the damage
+                    # recorded for diagnose, which reads the lr and grad norm before it
+                    run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
                     raise TrainingError(
                         f"loss is {loss} at step {state.step}: lower --lr, check the precision"
                         " (fp16 overflows where bf16 does not), and inspect the data (inspect-data)"
                     )
                 run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
                 progress.log(state.step, loss, lr, grad_norm)
+            waits[1] += time.perf_counter() - step_started  # to the logging sync; not validation
             if state.step % eval_every == 0 or last:
                 metrics = evaluate(engine, val_loader, splits, device)
                 run.log(step=state.step, split="val", **metrics)
@@ -197,6 +215,7 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
             "best_checkpoint": str(checkpoints.path / "best.pt"),
             "seconds": seconds,
             "examples_per_s": examples / seconds if seconds > 0 else math.nan,
+            "data_wait_share": waits[0] / waits[1] if waits[1] > 0 else math.nan,  # of the steps' time
             "stopped_by": signal.Signals(signum).name if signum else None,
             "exit_status": 128 + signum if signum else 0,
         }

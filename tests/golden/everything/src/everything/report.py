@@ -1,15 +1,17 @@
 """Compare runs: curves of several runs in one figure, and a summary of one run:
 
     python -m everything plot runs/first runs/second -o curves.png
-    python -m everything report runs/first
+    python -m everything report runs/second --since runs/first
 
-Both read only the run folders' run.json and metrics.jsonl (and the latest check's summary).
+Both read the run folders' run.json and metrics.jsonl (and the latest check's summary); report
+also runs diagnose on it, whose leak test reads the run's data.
 """
 
 import json
 from pathlib import Path
 
 from .checks import sanity
+from .diagnose import DiagnoseError, diagnose, issues_fixed, load_run
 from .runlog import read_metrics
 
 
@@ -50,8 +52,9 @@ def plot(run_dirs: list[str], output: str) -> Path:
     return Path(output)
 
 
-def report(run_dir: str) -> str:
-    """The summary lines: what ran, whether its checks passed, how fast, and its best validation."""
+def report(run_dir: str, since: str | None = None) -> str:
+    """The summary lines: what ran, whether its checks passed, how fast, its best validation, and
+    what `diagnose` finds (with `since`, an earlier run: the issues this one no longer shows)."""
     run = Path(run_dir)
     try:
         record = json.loads((run / "run.json").read_text())
@@ -73,6 +76,8 @@ def report(run_dir: str) -> str:
         share = "n/a"
     finished = record.get("finished")
     speed = f"{finished['examples_per_s']:,.0f} samples/s" if finished else "n/a (not finished)"
+    if finished and "data_wait_share" in finished:  # the run's own, over its whole loop
+        share = f"{finished['data_wait_share']:.1%}"
     lines.append(f"**Throughput:** {speed}, GPU util n/a, data-loader time share {share}")
     if val:
         best = min(val, key=lambda r: r["loss"])
@@ -81,7 +86,22 @@ def report(run_dir: str) -> str:
         lines.append(f"**Results:** best val {shown} at step {best['step']}; checkpoint {best_checkpoint}")
     else:
         lines.append("**Results:** no validation yet")
-    return "\n".join(lines)
+    return "\n".join(lines + issues(run_dir, since))
+
+
+def issues(run_dir: str, since: str | None) -> list[str]:
+    """The Issues lines: findings still open in this run, and those fixed since an earlier one."""
+    try:
+        after = load_run(run_dir)
+        before = load_run(since) if since else None
+    except DiagnoseError as error:
+        raise ReportError(str(error)) from None
+    found = diagnose(after)
+    lines = [f"**Issues found:** {'; '.join(f.line() for f in found)}"] if found else []
+    if before is not None:
+        fixed = issues_fixed(before, diagnose(before), after, found)
+        lines += fixed or [f"**Issues fixed:** none since {before.dir}"]
+    return lines
 
 
 def _metrics(run: Path) -> list[dict]:
