@@ -11,7 +11,7 @@ from .data import load_splits
 from .distributed import init_distributed
 from .engine import Engine, setup, train_step
 from .loader import build_loaders
-from .train import TrainState, micro_batches
+from .train import TrainState, micro_batches, waited
 
 LOADER_BATCHES = 200  # batches timed when iterating the loader alone
 WINDOW_STEPS = 30  # optimizer steps timed with compute alone and with real loading
@@ -46,14 +46,14 @@ def time_loader(cfg: Config) -> LoaderTiming:
     fixed = itertools.cycle(on_device)
     _time_steps(step, fixed, device, 3)  # warm-up (and compilation)
     compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
-    waits: list[float] = []
-    window = _time_steps(step, _timed(batches, waits), device, WINDOW_STEPS)
+    waits = [0.0, 0.0]  # waited() adds each batch's wait to waits[0]
+    window = _time_steps(step, waited(batches, waits), device, WINDOW_STEPS)
     return LoaderTiming(
         load_per_step=load_per_batch * cfg.grad_accum_steps,
         samples_per_s_alone=cfg.batch_size / load_per_batch,
         step=compute,
         samples_per_s=cfg.batch_size * cfg.grad_accum_steps / window,
-        wait_share=sum(waits) / (window * WINDOW_STEPS),
+        wait_share=waits[0] / (window * WINDOW_STEPS),
     )
 
 
@@ -73,15 +73,6 @@ def _time_steps(step, batches, device: torch.device, count: int) -> float:
         step(batches)
     _synchronize(device)
     return (time.perf_counter() - start) / count
-
-
-def _timed(batches, waits: list[float]):
-    """Passes batches through, recording how long each took to arrive."""
-    while True:
-        start = time.perf_counter()
-        batch = next(batches)
-        waits.append(time.perf_counter() - start)
-        yield batch
 
 
 def _synchronize(device: torch.device) -> None:
