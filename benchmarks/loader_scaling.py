@@ -34,12 +34,13 @@ SHARE = re.compile(r"([\d.]+)% of the time waiting for data")
 TARGET_SHARE = 5.0  # percent
 
 
-def loader_throughput(train, cfg, batches: int, rounds: int) -> float:
-    """Samples per second drawn from the project's training loader alone (best round)."""
-    splits = train.load_splits(cfg)
+def loader_throughput(train, cfg, batches: int, rounds: int, splits=None) -> float:
+    """Samples per second drawn from the project's training loader alone (best round); `splits`
+    are loaded from cfg unless given."""
+    splits = splits or train.load_splits(cfg)
     loader, _, sampler = train.build_loaders(splits, cfg, torch.device(cfg.device))
     stream = train.micro_batches(loader, sampler, train.TrainState())
-    for _ in range(20):  # start the workers and fill their queues
+    for _ in range(max(20, 2 * cfg.num_workers)):  # start the workers and fill their queues
         next(stream)
     best = 0.0
     for _ in range(rounds):
@@ -47,6 +48,7 @@ def loader_throughput(train, cfg, batches: int, rounds: int) -> float:
         for _ in range(batches):
             next(stream)
         best = max(best, batches * cfg.batch_size / (time.perf_counter() - start))
+    stream.close()
     del stream, loader  # shuts persistent workers down
     return best
 

@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+import types
 import warnings
 from dataclasses import replace
 from pathlib import Path
@@ -56,18 +57,30 @@ def render_default(parent: Path):
     project = new_project(parent / "overhead-probe", answers, git=False).path
     package = next((project / "src").glob("*/__main__.py")).parent.name
     sys.path.insert(0, str(project / "src"))
-    return importlib.import_module(f"{package}.config"), importlib.import_module(f"{package}.train")
+    modules = {
+        name: importlib.import_module(f"{package}.{name}")
+        for name in ("config", "train", "model", "engine", "data", "loader")
+    }
+    pieces = types.SimpleNamespace(  # each where the project defines it
+        compute_loss=modules["model"].compute_loss,
+        build_model=modules["model"].build_model,
+        build_optimizer=modules["engine"].build_optimizer,
+        lr_factor=modules["engine"].lr_factor,
+        load_splits=modules["data"].load_splits,
+        build_loaders=modules["loader"].build_loaders,
+    )
+    return modules["config"], modules["train"], pieces
 
 
 class Bench:
     """One benchmark set-up: the project's modules, its config and data, the step counts.
 
-    Everything the loops share comes from the project's train module (the names it imports),
-    so the benchmark follows the project's code wherever it moves between files.
+    Everything the loops share comes from the project's own modules (model, engine, data,
+    loader); the generated loop is the project's train(), timed at its calls of train_step.
     """
 
     def __init__(self, modules, work: Path, warmup: int, steps: int) -> None:
-        self.config, self.train = modules
+        self.config, self.train, self.pieces = modules
         self.work = work
         self.warmup, self.steps = warmup, steps
         self.runs = 0
@@ -78,21 +91,21 @@ class Bench:
             num_workers=0,
             device="cpu",
         )
-        self.splits = self.train.load_splits(self.cfg)
-        self.loss = self.train.compute_loss  # the project's loss: cross-entropy for the default
+        self.splits = self.pieces.load_splits(self.cfg)
+        self.loss = self.pieces.compute_loss  # the project's loss: cross-entropy for the default
         self.device = torch.device("cpu")
 
     def model_and_optimizer(self):
         torch.manual_seed(self.cfg.seed)
-        model = self.train.build_model(self.cfg, self.splits)
-        optimizer = self.train.build_optimizer(model, self.cfg)
+        model = self.pieces.build_model(self.cfg, self.splits)
+        optimizer = self.pieces.build_optimizer(model, self.cfg)
         return model, optimizer
 
     def schedule(self, optimizer):
-        return torch.optim.lr_scheduler.LambdaLR(optimizer, self.train.lr_factor(self.cfg))
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, self.pieces.lr_factor(self.cfg))
 
     def loader(self):
-        return self.train.build_loaders(self.splits, self.cfg, self.device)[0]
+        return self.pieces.build_loaders(self.splits, self.cfg, self.device)[0]
 
     def checked(self, batch):
         """The batch, having made sure it is a whole batch (a loop timing less would look fast)."""

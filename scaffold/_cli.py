@@ -251,13 +251,21 @@ def matrix_(
             "project's torchrun), not forked from a worker that loaded torch once",
         ),
     ] = False,
+    full: Annotated[
+        bool,
+        typer.Option(
+            "--full",
+            help="Run every check on every combination, twins too (default: a twin, which "
+            "differs from its primary only in tracker or device, runs check resume)",
+        ),
+    ] = False,
 ) -> int:
     """Render, lint and check every valid combination of answers (or those --only selects)."""
     from scaffold import matrix
 
     combos = matrix.select(matrix.combinations(), only or [])
-    if shard:
-        combos = matrix.shard(combos, shard)
+    if shard:  # whole families: each twin's primary in its shard
+        combos = matrix.shard(combos, shard, key=matrix.family)
     if list_:
         for answers in combos:
             print(" ".join(f"{k}={matrix.spelling(v)}" for k, v in answers.items()))
@@ -289,6 +297,7 @@ def matrix_(
         keep=keep,
         timeout=timeout,
         fresh=fresh,
+        full=full,
         on_done=on_done,
     )
     wall = time.perf_counter() - started

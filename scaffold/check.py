@@ -29,16 +29,21 @@ def project_package(project: Path) -> str:
 
 
 def check_command(
-    project: Path, *, device: str | None = None, options: Mapping[str, Any] | None = None
+    project: Path,
+    *,
+    which: str = "all",
+    device: str | None = None,
+    options: Mapping[str, Any] | None = None,
 ) -> list[str]:
-    """The command line that runs every check of `project` with this Python: `python -m <pkg>
-    check all`, with `--device` when given and each of `options` (config fields such as
-    batch_size) as the project's own `--batch-size VALUE`."""
-    command = [sys.executable, "-m", project_package(project), "check", "all"]
+    """The command line that runs the checks of `project` with this Python: `python -m <pkg>
+    check all` (or the check `which`), with `--device` when given and each of `options` (config
+    fields such as batch_size) as the project's own `--batch-size VALUE` (a flag alone, such as
+    `--no-compile`, for the value None)."""
+    command = [sys.executable, "-m", project_package(project), "check", which]
     if device:
         command += ["--device", device]
     for name, value in (options or {}).items():
-        command += ["--" + name.replace("_", "-"), str(value)]
+        command += ["--" + name.replace("_", "-")] + ([] if value is None else [str(value)])
     return command
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,18 +100,24 @@ def _spelled(value: Any, text: str) -> bool:
     return str(value) == text
 
 
-def shard(combos: Sequence[dict[str, Any]], spec: str) -> list[dict[str, Any]]:
+def shard(
+    combos: Sequence[dict[str, Any]],
+    spec: str,
+    key: Callable[[dict[str, Any]], str] = combination_id,
+) -> list[dict[str, Any]]:
     """Slice I of N (1 <= I <= N), deterministic, the slices together exactly `combos`.
 
     Combinations are dealt round-robin in the order of a hash of their names, not in file
     order (where a stride can fall in step with the inner questions: every shard all compile
-    or none), so each slice is a fair sample of the matrix and slices take similar times."""
+    or none), so each slice is a fair sample of the matrix and slices take similar times.
+    Combinations with the same `key` go to the same slice (dealt by the hash of the key)."""
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
     if not match or not 1 <= int(match[1]) <= int(match[2]):
         raise UsageError(f"--shard {spec!r}: expected I/N with 1 <= I <= N, such as 2/8")
     index, count = int(match[1]), int(match[2])
-    dealt = sorted(range(len(combos)), key=lambda i: _stable_hash(combination_id(combos[i])))
-    return [combos[i] for i in sorted(dealt[index - 1 :: count])]
+    keys = sorted({key(c) for c in combos}, key=_stable_hash)
+    mine = set(keys[index - 1 :: count])
+    return [c for c in combos if key(c) in mine]
 
 
 def _stable_hash(text: str) -> str:

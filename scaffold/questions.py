@@ -15,6 +15,7 @@ from typing import Any
 import yaml
 
 from scaffold import machine
+from scaffold.errors import UsageError
 
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -82,7 +83,15 @@ def project_answers(project: Path, template: Path | None = None) -> dict[str, An
     path = project / answers_file(template)
     if not path.is_file():
         return {}
-    return yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    try:
+        answers = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as err:
+        where = getattr(err, "problem_mark", None)
+        at = f" (line {where.line + 1})" if where is not None else ""
+        raise UsageError(f"{path} is damaged{at}: restore it from git, then run again") from None
+    if not isinstance(answers, dict):
+        raise UsageError(f"{path} is damaged (not a mapping of answers): restore it from git")
+    return answers
 
 
 def asked_questions(template: Path | None = None) -> list[Question]:

@@ -76,6 +76,11 @@ def new_project(
                     commit_first_render(rendered, files=None, message=_first_message())
             except KeyboardInterrupt:
                 raise Interrupted("interrupted: nothing was written") from None
+            except OSError as err:  # a full or read-only disk while rendering into the staging
+                where = f"{err.filename}: " if err.filename else ""
+                raise ScaffoldError(
+                    f"cannot write the project: {where}{err.strerror}; nothing was written"
+                ) from None
             with signals_deferred():
                 files = _move_into_place(rendered, dest, existing)
             status = "skipped"
@@ -100,7 +105,8 @@ def new_project(
 
 def _make_staging(ancestor: Path, name: str) -> Path:
     try:
-        return Path(tempfile.mkdtemp(prefix=f".{name}.scaffold-", dir=ancestor))
+        # Shortened: the staging folder's name must fit where DEST's own (up to the limit) fits.
+        return Path(tempfile.mkdtemp(prefix=f".{name[:32]}.scaffold-", dir=ancestor))
     except OSError as err:
         raise ScaffoldError(f"cannot write in {ancestor}: {err.strerror}") from None
 
@@ -175,6 +181,14 @@ def _check_destination(dest: Path, force: bool) -> bool:
     """Whether `dest` already holds files; raises if it cannot take the project."""
     if dest == dest.parent:
         raise DestinationError(f"{dest} cannot be a project folder")
+    ancestor = next(p for p in dest.parents if p.is_dir())
+    longest = os.pathconf(ancestor, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
+    for part in dest.relative_to(ancestor).parts:
+        if len(os.fsencode(part)) > longest:
+            raise DestinationError(
+                f"the folder name {part[:20]}... is {len(os.fsencode(part))} bytes, longer than"
+                f" this file system allows ({longest}): choose a shorter DEST"
+            )
     if dest.exists() and not dest.is_dir():
         raise DestinationError(f"{dest} exists and is not a folder")
     existing = dest.is_dir() and any(dest.iterdir())

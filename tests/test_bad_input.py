@@ -367,3 +367,50 @@ def test_the_readme_documents_the_checkpoint_guarantees(tmp_path):
         assert promise in section, promise
     assert "data is never\n  unpickled" in section or "allow_pickle=False" in section
     assert "truncated or corrupt" in section
+
+
+def test_a_dest_name_longer_than_the_file_system_allows_is_one_line(scaffold, tally, tmp_path):
+    """It was an OSError traceback (File name too long)."""
+    tally[SUITE]["inputs tried"] += 1
+    ran = scaffold("new", tmp_path / ("x" * 300), "--no-git", "--defaults")
+    assert ran.exit_code == 2 and len(ran.stderr_lines) == 1, ran.stderr
+    assert "is 300 bytes, longer than this file system allows (255)" in ran.stderr
+    assert list(tmp_path.iterdir()) == []
+    tally[SUITE]["refused in one line, nothing written"] += 1
+
+
+def test_a_damaged_answers_file_is_one_line_before_update(scaffold, tally, tmp_path):
+    """It was a 91-line YAML traceback."""
+    tally[SUITE]["inputs tried"] += 1
+    project = render.new_project(tmp_path / "demo", git=True).path
+    (project / ".copier-answers.yml").write_text("task: [unclosed\n  : : bad\n")
+    subprocess.run(["git", "commit", "-qam", "damage"], cwd=project, check=True)
+    before = snapshot(project)
+    ran = scaffold("update", project)
+    assert ran.exit_code == 2 and len(ran.stderr_lines) == 1, ran.stderr
+    assert ran.stderr.startswith(f"error: {project / '.copier-answers.yml'} is damaged (line 2)")
+    assert snapshot(project) == before
+    tally[SUITE]["refused in one line, nothing written"] += 1
+
+
+def test_a_full_disk_while_rendering_is_one_line_and_nothing_is_written(
+    scaffold, tally, tmp_path, monkeypatch
+):
+    """It was an OSError traceback from copier's file writes (measured on a 48 KB tmpfs)."""
+    tally[SUITE]["inputs tried"] += 1
+    written = []
+    write_bytes = Path.write_bytes
+
+    def fills_up(path: Path, data) -> int:
+        written.append(path)
+        if len(written) > 5:  # the disk is full after five files
+            raise OSError(28, os.strerror(28))
+        return write_bytes(path, data)
+
+    monkeypatch.setattr(Path, "write_bytes", fills_up)
+    ran = scaffold("new", tmp_path / "demo", "--defaults")
+    assert len(written) > 5  # copier wrote the project's files this way: the fault was hit
+    assert ran.exit_code == 1 and len(ran.stderr_lines) == 1, ran.stderr
+    assert ran.stderr.startswith("error: cannot write the project: No space left on device")
+    assert list(tmp_path.iterdir()) == []  # no DEST, no staging folder
+    tally[SUITE]["refused in one line, nothing written"] += 1

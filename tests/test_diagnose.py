@@ -33,17 +33,28 @@ CONFIG = {  # the fields diagnose reads, at the default project's values
 }
 
 
-@pytest.fixture(scope="module")
-def diag(tmp_path_factory):
-    """The default project's diagnose module, imported from a fresh render."""
-    project = new_project(tmp_path_factory.mktemp("d") / "diagproj", {}, git=False).path
+def _diagnose_module(folder: Path, name: str, answers: dict):
+    """A fresh render's diagnose module, imported (and forgotten after)."""
+    project = new_project(folder / name, answers, git=False).path
     sys.path.insert(0, str(project / "src"))
     try:
-        yield importlib.import_module("diagproj.diagnose")
+        yield importlib.import_module(f"{name}.diagnose")
     finally:
         sys.path.remove(str(project / "src"))
-        for name in [m for m in sys.modules if m == "diagproj" or m.startswith("diagproj.")]:
-            del sys.modules[name]
+        for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:
+            del sys.modules[module]
+
+
+@pytest.fixture(scope="module")
+def diag(tmp_path_factory):
+    """The default project's diagnose module."""
+    yield from _diagnose_module(tmp_path_factory.mktemp("d"), "diagproj", {})
+
+
+@pytest.fixture(scope="module")
+def diag16(tmp_path_factory):
+    """An fp16 project's: only it reads the gradient scaler's skipped steps."""
+    yield from _diagnose_module(tmp_path_factory.mktemp("d16"), "diagproj16", {"precision": "fp16"})
 
 
 def lr_at(step: int, cfg: dict) -> float:
@@ -112,13 +123,21 @@ def test_nan_names_the_step_and_what_came_before(diag, tmp_path):
     assert "learning rate too high" in finding.line()
 
 
-def test_fp16_skips_are_nan_only_past_a_few(diag, tmp_path):
+def test_fp16_skips_are_nan_only_past_a_few(diag16, tmp_path):
     few = write_run(tmp_path / "few", grad_norm=lambda s: math.inf if s == 10 else 0.6,
                     extra=lambda s: {"skipped_steps": 3})  # fmt: skip
-    assert names(diag, few) == []  # the scaler finding its scale at the start
+    assert names(diag16, few) == []  # the scaler finding its scale at the start
     many = write_run(tmp_path / "many", extra=lambda s: {"skipped_steps": s // 5})
-    [finding] = diag.diagnose(diag.load_run(str(many)), leak_test=False)
+    [finding] = diag16.diagnose(diag16.load_run(str(many)), leak_test=False)
     assert finding.name == "nan" and "skipped by the gradient scaler" in finding.evidence
+    assert "check the scaler" in finding.line()
+
+
+def test_without_fp16_an_infinite_gradient_norm_is_nan_and_no_scaler_is_named(diag, tmp_path):
+    run_dir = write_run(tmp_path / "inf", grad_norm=lambda s: math.inf if s == 10 else 0.6)
+    [finding] = diag.diagnose(diag.load_run(str(run_dir)), leak_test=False)
+    assert finding.name == "nan" and "grad_norm inf at step 10" in finding.evidence
+    assert "scaler" not in finding.line() and "fp16" not in finding.line()
 
 
 def test_flat_from_step_zero(diag, tmp_path):

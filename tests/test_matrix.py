@@ -6,7 +6,8 @@ do for a fresh interpreter."""
 from __future__ import annotations
 
 import concurrent.futures
-import multiprocessing
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -21,6 +22,7 @@ pytestmark = pytest.mark.skipif(not matrix.forking_supported(), reason="checks f
 # A stand-in project: its __main__ does what the file `mode` in its folder says.
 FAKE_MAIN = """\
 import atexit
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -31,6 +33,7 @@ mode = Path("mode").read_text().strip()
 rank = os.environ.get("RANK")
 print(f"args {sys.argv[1:]} rank {rank} of {os.environ.get('WORLD_SIZE')} in {os.getcwd()}")
 print(f"main {__name__} package {__package__} path0 {sys.path[0]}")
+print(f"start method {multiprocessing.get_start_method()}")
 atexit.register(print, f"exit handler of rank {rank}")
 if mode == "fail":
     sys.exit(3)
@@ -63,6 +66,7 @@ def _check_fake(folder: Path, mode: str, ddp: bool, timeout: float | None) -> tu
     answers = {"distributed": "ddp" if ddp else "none"}
     job = matrix.Job(
         answers=answers,
+        plan=matrix.Plan(which="all", options={}),
         folder=folder,
         template=None,
         native_device=False,
@@ -76,9 +80,8 @@ def _check_fake(folder: Path, mode: str, ddp: bool, timeout: float | None) -> tu
 
 def _in_worker(*args) -> tuple[int, str]:
     """Run a fake check from a matrix worker, as run_matrix does (not from pytest itself)."""
-    context = multiprocessing.get_context("fork")
     with concurrent.futures.ProcessPoolExecutor(
-        1, mp_context=context, initializer=fork.start_worker, initargs=(1, False)
+        1, mp_context=runner.WORKER_START, initializer=fork.start_worker, initargs=(1, False)
     ) as pool:
         return pool.submit(_check_fake, *args).result()
 
@@ -94,6 +97,22 @@ def test_a_passing_check_runs_as_python_dash_m(tmp_path):
     package = package_name(matrix.LONGEST_NAME)
     assert f"main __main__ package {package} path0 {project}" in output
     assert output.rstrip().endswith("exit handler of rank None")
+
+
+def test_a_check_starts_processes_as_a_fresh_interpreter_would(tmp_path):
+    # The worker itself was spawned (and spawn sets the child's start method): a check that
+    # inherited it started each loader worker as a fresh interpreter, 5x slower (CI timed out).
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import multiprocessing; print(multiprocessing.get_start_method())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+
+    status, output = _in_worker(tmp_path, "pass", False, 60)
+
+    assert status == 0
+    assert f"start method {fresh}\n" in output
 
 
 @pytest.mark.parametrize(("mode", "status", "shown"), [("fail", 3, None), ("raise", 1, "boom")])
@@ -155,6 +174,38 @@ def test_run_matrix_checks_real_projects_in_forked_processes(tmp_path):
         log = (tmp_path / f"{i:04d}" / "check.log").read_text()
         assert "**Sanity:** overfit-one-batch loss" in log
         assert "resume check matched: yes" in log
+
+
+@pytest.mark.slow
+def test_a_twin_runs_check_resume_with_its_tracker_and_without_compile(tmp_path):
+    """The primary runs every check; its tensorboard cuda twin (checked on the CPU) the resume
+    check alone, without torch.compile, its tracker logging."""
+    base = {"task": "regression", "distributed": "none", "precision": "fp32"}
+    only = [f"{k}={v}" for k, v in base.items()] + ["grad_accum_steps=1", "compile=yes"]
+    combos = [
+        c
+        for c in matrix.select(matrix.combinations(), only)
+        if (c["tracker"], c["device"]) in {("none", "cpu"), ("tensorboard", "cuda")}
+    ]
+    assert len(combos) == 2
+
+    outcomes = matrix.run_matrix(combos, jobs=2, workdir=tmp_path, keep=True, timeout=600)
+
+    assert all(o.passed for o in outcomes), [o.tail() for o in outcomes]
+    primary, twin = (o for o in sorted(outcomes, key=lambda o: o.plan.primary is not None))
+    assert primary.plan.which == "all" and twin.plan.which == "resume"
+    assert twin.plan.primary == primary.name
+    logs = {
+        o.name: (tmp_path / f"{combos.index(o.answers):04d}" / "check.log").read_text()
+        for o in outcomes
+    }
+    assert "overfit: PASS" in logs[primary.name] and "resume: PASS" in logs[primary.name]
+    assert "resume: PASS" in logs[twin.name] and "overfit" not in logs[twin.name]
+    project = tmp_path / f"{combos.index(twin.answers):04d}" / matrix.LONGEST_NAME
+    runs = project / "runs" / "check" / "resume"
+    assert list(runs.rglob("events.out.tfevents.*"))  # its tracker logged
+    record = (runs / "uninterrupted" / "run.json").read_text()
+    assert '"compile": false' in record
 
 
 def test_each_compile_family_starts_once_before_the_rest():

@@ -125,6 +125,20 @@ def test_the_projects_own_tests_pass(project):
     assert "5 passed" in done.stdout
 
 
+def kill_at_step(project: Path, args: list, step: int, env: dict | None = None) -> None:
+    """Runs the project's command `args`, SIGKILLed once it logs `step`."""
+    env = env or _env(project)
+    with subprocess.Popen(
+        _command(project, args), cwd=project, env=env, stdout=subprocess.PIPE, text=True
+    ) as proc:
+        for line in proc.stdout:
+            if line.startswith(f"step {step}/"):
+                proc.send_signal(signal.SIGKILL)
+                break
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+
+
 def kill_then_resume(
     project: Path, run_dir: str, kill_after: int, **env
 ) -> subprocess.CompletedProcess:
@@ -132,15 +146,7 @@ def kill_then_resume(
     the same command again to resume it; returns the resumed run."""
     args = ["train", "--run-dir", run_dir, "--max-steps", "60", *SMALL_RUN]
     env = {**_env(project), **env}
-    with subprocess.Popen(
-        _command(project, args), cwd=project, env=env, stdout=subprocess.PIPE, text=True
-    ) as proc:
-        for line in proc.stdout:
-            if line.startswith(f"step {kill_after}/"):
-                proc.send_signal(signal.SIGKILL)
-                break
-        proc.wait()
-    assert proc.returncode == -signal.SIGKILL
+    kill_at_step(project, args, kill_after, env)
     done = subprocess.run(
         _command(project, args), cwd=project, env=env, capture_output=True, text=True, timeout=600
     )

@@ -4,6 +4,7 @@
     lint                                  a render as rendered: ruff, residue, absent options
     runner                                render, lint and check each, `jobs` at a time
     fork                                  a check forked from a warm worker, as python -m runs
+    twins                                 which checks: all, a twin's check resume, a cross's init
     report                                progress lines, the summary table, JUnit XML
 
 `scaffold matrix` is the command line over `run_matrix`.
@@ -30,6 +31,7 @@ from scaffold.matrix.runner import (
     run_matrix,
     schedule,
 )
+from scaffold.matrix.twins import Plan, family, plans, primary_of
 
 __all__ = [
     "CHECK_SIZES",
@@ -39,12 +41,16 @@ __all__ = [
     "PRELOAD",
     "Job",
     "Outcome",
+    "Plan",
     "all_combinations",
     "check_sizes",
     "combination_id",
     "combinations",
+    "family",
     "forking_supported",
     "lint_problems",
+    "plans",
+    "primary_of",
     "progress_line",
     "run_matrix",
     "schedule",

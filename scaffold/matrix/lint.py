@@ -48,6 +48,7 @@ def lint_problems(project: Path, answers: dict[str, Any]) -> list[str]:
     ddp = answers.get("distributed", "none") == "ddp"
     expect = [
         ("GradScaler", precision == "fp16", "fp16"),
+        ("skipped_steps", precision == "fp16", "fp16"),  # the scaler's count, read by diagnose
         ("autocast", precision != "fp32", "bf16 or fp16"),
         ("torch.compile", bool(answers.get("compile")), "compile"),
         ("set_float32_matmul_precision", device == "cuda", "cuda"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,9 +21,12 @@ def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
     rendered = sum("render" in o.seconds and o.step != "render" for o in outcomes)
     linted = sum("lint" in o.seconds and o.step != "lint" for o in outcomes)
     checked = sum("check" in o.seconds for o in outcomes)
+    kinds = Counter(o.plan.which for o in outcomes)  # "all", or a twin's check
+    twins = ", ".join(f"a twin's check {k} on {n}" for k, n in sorted(kinds.items()) if k != "all")
     lines = [
         f"combinations {len(outcomes)}: passed {len(passed)}, failed {len(failed)} "
-        f"(rendered {rendered}, lint-clean {linted}, checks run {checked})",
+        f"(rendered {rendered}, lint-clean {linted}, checks run {checked}: "
+        f"check all on {kinds['all']}{', ' + twins if twins else ''})",
     ]
     if outcomes:
         totals = sorted(o.total for o in outcomes)
@@ -38,6 +42,13 @@ def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
         for o in outcomes:
             key = f"{o.answers.get('task')}{'+compile' if o.answers.get('compile') else ''}"
             by_task.setdefault(key, []).append(o.total)
+        job: dict[str, float] = {}
+        for o in outcomes:
+            job[o.plan.which] = job.get(o.plan.which, 0.0) + o.total
+        lines.append(
+            "job time by check (the sum over combinations, all jobs together): "
+            + ", ".join(f"{k} {_duration(job[k])} ({kinds[k]})" for k in sorted(job))
+        )
         lines.append(
             "median by task: "
             + ", ".join(f"{k} {_median(sorted(v)):.1f} s" for k, v in sorted(by_task.items()))
@@ -50,7 +61,7 @@ def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
     for o in failed:
         lines.append("")
         where = f" (kept in {o.project})" if o.project else ""
-        lines.append(f"FAILED {o.name} at {o.step}{where}")
+        lines.append(f"FAILED {o.name} at {o.step}{where}, {o.plan.label}")
         lines.append(_indent(o.tail()))
     lines.append(f"matrix wall time: {_duration(wall)}")
     return "\n".join(lines)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import dataclasses
+import multiprocessing
 import os
 import shutil
 import signal
@@ -26,6 +27,7 @@ from scaffold.combinations import combination_id
 from scaffold.errors import ScaffoldError
 from scaffold.matrix import fork
 from scaffold.matrix.lint import lint_problems
+from scaffold.matrix.twins import TWIN_CHECK, Plan, plans
 
 # copier.yml's longest project name: rendered lines must stay within the line length with it.
 LONGEST_NAME = "a-long-project-name-to-fill-forty-chars1"
@@ -44,7 +46,10 @@ LONGEST_NAME = "a-long-project-name-to-fill-forty-chars1"
 #   with fp16, which the CPU runs slowly, its checks took 15 s at width 128, 6 s at 64. The
 #   MLPs keep their sizes (their overfit passes in 4 steps; a narrower MLP needs ~35).
 CHECK_SIZES = {"batch_size": 8, "val_fraction": 0.01}
-CHECK_SIZES_BY_TASK = {"generation": {"n_layer": 1, "block_size": 16, "n_embd": 64}}
+CHECK_SIZES_BY_TASK = {
+    "generation": {"n_layer": 1, "block_size": 16, "n_embd": 64},
+    "image": {"width": 8, "image_size": 16},
+}
 
 _TAIL_LINES = 40
 
@@ -63,6 +68,7 @@ class Outcome:
     step: str  # the step that failed, or "check" (the last) when all passed
     seconds: dict[str, float]  # per step run
     output: str  # the failing step's output (empty when passed)
+    plan: Plan  # the checks it ran: all, or a twin's
     project: Path | None = None  # kept when it failed
 
     @property
@@ -82,6 +88,7 @@ class Job:
     """One combination to render, lint and check, as a worker receives it."""
 
     answers: dict[str, Any]
+    plan: Plan  # which checks, with which options beyond the check sizes
     folder: Path  # rendered into folder/LONGEST_NAME; check.log beside it
     template: Path | None
     native_device: bool  # check on the project's own device, not --device cpu
@@ -101,11 +108,14 @@ def run_matrix(
     timeout: float | None = None,
     template: Path | None = None,
     fresh: bool = False,
+    full: bool = False,
     on_done: Callable[[Outcome, int, int], None] = lambda outcome, done, total: None,
 ) -> list[Outcome]:
     """Render, lint and check each combination, `jobs` at a time (default: the CPU count).
 
-    Checks run on the CPU (`--device cpu`) unless `native_device`; a check that runs past
+    Primaries run `check all`, twins `check resume` (scaffold.matrix.twins), every combination
+    `check all` with `full`. Checks run on the CPU (`--device cpu`) unless `native_device`; a
+    check that runs past
     `timeout` seconds is stopped and fails. Projects that pass are
     deleted unless `keep`; a failing one stays, under `workdir`. Outcomes keep `combos`' order.
 
@@ -129,6 +139,7 @@ def run_matrix(
     work = [
         Job(
             answers=dict(c),
+            plan=plan,
             folder=workdir / f"{i:04d}",
             template=template,
             native_device=native_device,
@@ -137,15 +148,19 @@ def run_matrix(
             timeout=timeout,
             fork=forked,
         )
-        for i, c in enumerate(combos)
+        for i, (c, plan) in enumerate(
+            zip(combos, plans(combos, native_device=native_device, full=full), strict=True)
+        )
     ]
     outcomes: dict[int, Outcome] = {}
     with concurrent.futures.ProcessPoolExecutor(
         max_workers=jobs,
+        mp_context=WORKER_START,
         initializer=fork.start_worker,
         initargs=(threads, forked, forked and any(c.get("compile") for c in combos)),
     ) as pool:
-        futures = {pool.submit(_run_one, work[i]): i for i in schedule(combos)}
+        order = schedule(combos, [job.plan for job in work])
+        futures = {pool.submit(_run_one, work[i]): i for i in order}
         try:
             for future in concurrent.futures.as_completed(futures):
                 outcome = future.result()
@@ -160,6 +175,14 @@ def run_matrix(
     return [outcomes[i] for i in range(len(work))]
 
 
+# Workers start as fresh interpreters, not forked from the caller: a process with threads (pytest
+# under xdist has its channel's; a tracker's client leaves some) can hold a lock at the moment of
+# a fork, and the child then waits on it forever. Measured: one such worker hung, its jobs done by
+# the other, and the pool's shutdown waited on it until the 900 s test timeout. The checks are
+# still forked from each worker, which is single-threaded when it forks them.
+WORKER_START = multiprocessing.get_context("spawn")
+
+
 # Compile combinations alike in these answers compile the same kernels (the tracker, the
 # accumulation, ddp with the small models' single gradient bucket and, with the checks on the
 # CPU, the device leave the compiled graphs alone): the first of each family fills the inductor
@@ -167,20 +190,25 @@ def run_matrix(
 COMPILE_FAMILY = ("task", "precision")
 
 
-def schedule(combos: Sequence[dict[str, Any]]) -> list[int]:
-    """The order combinations start in: the first compile combination of each family first
-    (each family's kernels compile once, while the other jobs compile other families), then
-    the rest in order, finding their kernels in the cache."""
+def schedule(combos: Sequence[dict[str, Any]], checks: Sequence[Plan] | None = None) -> list[int]:
+    """The order combinations start in, the slow first so that the last to finish are short: the
+    first compiling `check all` of each family (each family's kernels compile once, while the
+    other jobs compile other families), then the other `check all`s, then the twins' checks."""
+    checks = checks or [Plan(which="all", options={})] * len(combos)
     seen: set[tuple[Any, ...]] = set()
-    first, rest = [], []
-    for i, answers in enumerate(combos):
+    first, full, twins = [], [], []
+    for i, (answers, plan) in enumerate(zip(combos, checks, strict=True)):
         family = tuple(answers.get(k) for k in COMPILE_FAMILY)
-        if answers.get("compile") and family not in seen:
+        if plan.primary:
+            twins.append(i)
+        elif answers.get("compile") and family not in seen:
             seen.add(family)
             first.append(i)
         else:
-            rest.append(i)
-    return first + rest
+            full.append(i)
+    # the resume checks before the crosses' shorter init checks
+    twins.sort(key=lambda i: checks[i].which != TWIN_CHECK)
+    return first + full + twins
 
 
 def _run_one(job: Job) -> Outcome:
@@ -198,6 +226,7 @@ def _run_one(job: Job) -> Outcome:
             step=step,
             seconds=seconds,
             output=output,
+            plan=job.plan,
             project=project,
         )
 
@@ -224,7 +253,9 @@ def _run_one(job: Job) -> Outcome:
         return fail("check", output)
     if not job.keep:
         shutil.rmtree(job.folder, ignore_errors=True)
-    return Outcome(answers=job.answers, passed=True, step="check", seconds=seconds, output="")
+    return Outcome(
+        answers=job.answers, passed=True, step="check", seconds=seconds, output="", plan=job.plan
+    )
 
 
 def _gpu_present() -> bool:
@@ -235,9 +266,11 @@ def _gpu_present() -> bool:
 
 
 def _check_command(project: Path, job: Job) -> list[str]:
-    """`python -m <pkg> check all`, on the CPU unless native_device, with the check sizes."""
+    """`python -m <pkg> check all` (a twin's `check resume`), on the CPU unless native_device,
+    with the check sizes."""
     device = None if job.native_device else "cpu"
-    return check_command(project, device=device, options=check_sizes(job.answers))
+    options = {**check_sizes(job.answers), **job.plan.options}
+    return check_command(project, which=job.plan.which, device=device, options=options)
 
 
 def _run_check(project: Path, job: Job) -> tuple[int, str]:

@@ -159,6 +159,10 @@ def check_loader(cfg: Config) -> CheckResult:
         f"with real loading {timing.samples_per_s:,.0f} samples/s, "
         f"{timing.wait_share:.1%} of the time waiting for data (num_workers={cfg.num_workers})"
     )
+    if timing.by_workers:
+        rates = ", ".join(f"{n}: {rate:,.0f}" for n, rate in timing.by_workers.items())
+        fastest = max(timing.by_workers, key=timing.by_workers.get)
+        detail += f"; loader alone by --num-workers, samples/s: {rates} (fastest {fastest})"
     if not passed:
         detail += ": loading is the bottleneck; raise --num-workers or move work out of the main process"
     elif timing.wait_share > LOADER_WARN_SHARE:

@@ -130,6 +130,9 @@ def synthetic_data(n: int = 4096, n_features: int = 16, n_classes: int = 4):
     return x, y
 
 
+TARGET_NAME = "label"
+
+
 def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Reads features (N, F) as float32 and targets (N,) from a .npz or .csv file."""
     if not path.is_file():
@@ -142,27 +145,15 @@ def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
         raise DataError(f"{path}: expected a .npz or .csv file")
     if len(y) == 0:
         raise DataError(f"{path}: no examples")
-    with np.errstate(over="ignore"):
-        x = x.astype(np.float32)  # a value beyond float32's range becomes inf here, and is named below
-    if not np.isfinite(x).all():
-        row = int(np.nonzero(~np.isfinite(x).all(axis=1))[0][0])
-        raise DataError(f"{path}: example {row} has a NaN, infinite or beyond-float32 feature")
-    return x, _targets(path, y)
+    if x.shape[1] == 0:
+        raise DataError(f"{path}: no feature columns, only the last (the {TARGET_NAME}): need at least one")
+    check_values(path, "feature", x)
+    check_values(path, TARGET_NAME, y)
+    return x.astype(np.float32), _targets(path, y)
 
 
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
-            missing = [key for key in ("x", "y") if key not in arrays]
-            if missing:
-                raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {list(arrays)}")
-            x, y = arrays["x"], arrays["y"]
-    except DataError:
-        raise
-    except Exception as error:  # not a zip, a truncated one, or object arrays (refused unread)
-        raise DataError(f"{path}: not a readable .npz file of numeric arrays ({error})") from None
-    if x.ndim != 2 or y.ndim != 1 or len(x) != len(y):
-        raise DataError(f"{path}: need x of shape (N, F) and y of shape (N,), got {x.shape} and {y.shape}")
+    x, y = read_npz_pair(path)
     if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
         raise DataError(f"{path}: x and y must be numeric, got {x.dtype} and {y.dtype}")
     return x, y
@@ -195,6 +186,45 @@ def _is_number(cell: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def read_npz_pair(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays x (N, F) and y (N,) of a .npz file, never unpickled, or a DataError in one line."""
+    try:
+        with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
+            missing = [key for key in ("x", "y") if key not in arrays.files]
+            if missing:
+                found = ", ".join(arrays.files[:10]) or "none"
+                raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {found}")
+            x, y = arrays["x"], arrays["y"]
+    except DataError:
+        raise
+    except Exception as error:  # not a zip, a truncated one, or object arrays (refused unread)
+        raise DataError(f"{path}: not a readable .npz file of numeric arrays ({error})") from None
+    if x.ndim != 2 or y.shape != (len(x),):
+        raise DataError(f"{path}: need x of shape (N, F) and y of shape (N,), got {x.shape} and {y.shape}")
+    return x, y
+
+
+# Values beyond this magnitude are refused: float32 statistics of them (sums of squares over a
+# million examples) overflow, and a loss over them is NaN from the first step.
+LARGEST_VALUE = 1e15
+
+
+def check_values(path: Path, name: str, values: np.ndarray) -> None:
+    """A DataError naming the first example whose `name` is not a real, finite number within
+    ±LARGEST_VALUE (complex, text, NaN, infinite and huge values are refused, not cast)."""
+    if values.dtype.kind not in "biuf":
+        raise DataError(f"{path}: the {name}s are {values.dtype} values; they must be real numbers")
+    with np.errstate(over="ignore", invalid="ignore"):
+        wide = values.astype(np.float64)
+        bad = ~(np.abs(wide) <= LARGEST_VALUE)  # NaN compares False: bad too
+    if bad.any():
+        where = np.unravel_index(np.argmax(bad), bad.shape)  # the first, in example order
+        raise DataError(
+            f"{path}: example {where[0]} has {name} {wide[where]:g}; {name}s must be finite and"
+            f" within ±{LARGEST_VALUE:g}"
+        )
 
 
 def _targets(path: Path, y: np.ndarray) -> np.ndarray:

@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runlog import read_metrics
+from .runlog import RunRecordError, read_metrics, read_record
 
 # Thresholds, each with why that value.
 MIN_TRAIN_RECORDS = 5  # fewer logged train steps than this say nothing about a curve
@@ -42,11 +42,9 @@ CLIP_PINNED_SHARE = 0.9  # steps after warmup with the gradient norm over the cl
 CLIP_PINNED_FACTOR = 10.0
 SCHEDULE_FLOOR_SHARE = 0.10  # share of the run spent at the decay's floor: it ended before the run
 LR_JUMP_FACTOR = 1.5  # after warmup the lr only decays: a rise by half is a restarted schedule
-SKIPPED_MAX_SHARE = 0.05  # fp16 steps the gradient scaler skipped: a few at the start find the scale
 
 CHECKS = {  # the first checks the training rules give, by finding
-    "nan": "learning rate too high; fp16 overflow (switch to bf16 or check the scaler); "
-    "log of zero or division by zero in a custom loss",
+    "nan": "learning rate too high; log of zero or division by zero in a custom loss",
     "flat": "gradients not flowing (requires_grad, detached tensors); learning rate far too low; "
     "labels misaligned",
     "overfitting": "more data or augmentation; regularisation (--dropout, --weight-decay); "
@@ -100,10 +98,12 @@ class Run:
 def load_run(run_dir: str) -> Run:
     path = Path(run_dir)
     try:
-        record = json.loads((path / "run.json").read_text())
+        record = read_record(path)
         metrics = read_metrics(path)
-    except (OSError, json.JSONDecodeError) as error:
-        raise DiagnoseError(f"{path}: not a readable run folder ({error})") from None
+    except RunRecordError as error:
+        raise DiagnoseError(str(error)) from None
+    except OSError as error:
+        raise DiagnoseError(f"cannot read {path / 'metrics.jsonl'}: {error.strerror}") from None
     checks = path.parent / "check" / "summary.json"
     summary = json.loads(checks.read_text()) if checks.exists() else None
     train = [r for r in metrics if r["split"] == "train"]
@@ -124,12 +124,8 @@ def diagnose(run: Run, leak_test: bool = True) -> list[Finding]:
 
 def find_nan(run: Run) -> list[Finding]:
     precision = run.record.get("precision", "fp32")
-    scaled = bool(run.train) and "skipped_steps" in run.train[-1]  # fp16: the gradient scaler's count
-    skipped = run.train[-1]["skipped_steps"] if scaled else 0
-    scaler = f", the gradient scaler skipped {skipped} steps" if scaled else ""
     for i, r in enumerate(run.train):
-        # With a scaler an inf gradient norm is a skipped step, counted below, not a failure.
-        if math.isfinite(r["loss"]) and (scaled or math.isfinite(r["grad_norm"])):
+        if math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]):
             continue
         what = f"loss {r['loss']}" if not math.isfinite(r["loss"]) else f"grad_norm {r['grad_norm']}"
         if i:
@@ -137,15 +133,11 @@ def find_nan(run: Run) -> list[Finding]:
             before = f"before it, step {b['step']}: loss {b['loss']:.4g}, grad_norm {b['grad_norm']:.4g}"
         else:
             before = "at the first logged step"
-        evidence = f"{what} at step {r['step']} (lr {r['lr']:.3g}); {before}; precision {precision}{scaler}"
+        evidence = f"{what} at step {r['step']} (lr {r['lr']:.3g}); {before}; precision {precision}"
         if i >= 2:
             first = run.train[0]
             evidence += f"; the loss went {first['loss']:.4g} at step {first['step']} -> {b['loss']:.4g}"
         return [Finding("nan", evidence, r["step"])]
-    steps = run.train[-1]["step"] if run.train else 0
-    if scaled and skipped > SKIPPED_MAX_SHARE * steps:
-        evidence = f"fp16 gradients overflowed on {skipped} of {steps} steps, skipped by the gradient scaler"
-        return [Finding("nan", f"{evidence} ({skipped / steps:.0%}); precision {precision}")]
     return []
 
 

@@ -82,23 +82,35 @@ class Engine:
             part.load_state_dict(state[name])
 
 
-def train_step(engine: Engine, batches, cfg: Config, device: torch.device):
+def _unmarked(phase: str) -> None:
+    """train_step's `mark` in training: nothing is timed inside a step."""
+
+
+def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=_unmarked):
     """One optimizer step over cfg.grad_accum_steps micro-batches.
 
     Returns the mean loss and the gradient norm as tensors: reading them (.item()) waits for the
-    device, so the loop does that only on logging steps.
+    device, so the loop does that only on logging steps. `mark(phase)` is called as each phase
+    begins (data, copy, forward, backward, optimizer) and with "done" at the end: `profile`
+    times the phases with it.
     """
     losses = []  # each micro-batch's share of the step's mean loss
     for _ in range(cfg.grad_accum_steps):
+        mark("data")
         x, y = next(batches)
+        mark("copy")
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        mark("forward")
         loss = compute_loss(engine.forward(x), y) / cfg.grad_accum_steps
+        mark("backward")
         loss.backward()
         losses.append(loss.detach())
+    mark("optimizer")
     params = [p for group in engine.optimizer.param_groups for p in group["params"]]
     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
     engine.optimizer.step()
     engine.optimizer.zero_grad(set_to_none=True)
+    mark("done")
     return sum(losses), grad_norm
 
 

@@ -88,6 +88,14 @@ def _as_read(batch):
     return batch
 
 
+def close(loader: DataLoader) -> None:
+    """Ends a loader's persistent workers now. Dropping the loader does that too, except after an
+    error raised in a worker: torch then keeps its workers to the exit, where they (ignoring stop
+    signals, see seed_worker) would hang it. torch has no public call for this."""
+    if loader._iterator is not None:
+        loader._iterator._shutdown_workers()
+
+
 def seed_worker(worker_id: int) -> None:
     """Seeds a loader worker's Python and NumPy from the seed torch gave it; leaves stopping to the
     main process."""

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .checks import sanity
 from .diagnose import DiagnoseError, diagnose, issues_fixed, load_run
-from .runlog import read_metrics
+from .runlog import RunRecordError, read_metrics, read_record
 
 
 class ReportError(RuntimeError):
@@ -57,9 +57,9 @@ def report(run_dir: str, since: str | None = None) -> str:
     what `diagnose` finds (with `since`, an earlier run: the issues this one no longer shows)."""
     run = Path(run_dir)
     try:
-        record = json.loads((run / "run.json").read_text())
-    except (OSError, json.JSONDecodeError) as error:
-        raise ReportError(f"{run}: no readable run.json ({error})") from None
+        record = read_record(run)
+    except RunRecordError as error:
+        raise ReportError(str(error)) from None
     val = [r for r in _metrics(run) if r["split"] == "val"]
     commit = (record["git"]["commit"] or "none")[:12] + ("-dirty" if record["git"]["dirty"] else "")
     lines = [
@@ -107,5 +107,5 @@ def issues(run_dir: str, since: str | None) -> list[str]:
 def _metrics(run: Path) -> list[dict]:
     try:
         return read_metrics(run)
-    except (OSError, json.JSONDecodeError) as error:
-        raise ReportError(f"{run}: no readable metrics.jsonl ({error})") from None
+    except OSError as error:
+        raise ReportError(f"cannot read {run / 'metrics.jsonl'}: {error.strerror}") from None

@@ -58,6 +58,10 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
     a, b = load(first / end), load(second / end)
     same_state = _equal(a["model"], b["model"]) and _equal(a["optimizer"], b["optimizer"])
     equal = sum(x == y for x, y in zip(expected[n:], got[n:], strict=False))
+    val_expected, val_got = (
+        [r["loss"] for r in read_metrics(run) if r["split"] == "val" and r["step"] > n]
+        for run in (first, second)
+    )
     at_n = load(second / f"checkpoints/step-{n:08d}.pt")["state"]
     crossed = b["state"]["epoch"] - at_n["epoch"]
     validations = sum(1 for r in read_metrics(second) if r["split"] == "val" and n < r["step"] <= 2 * n)
@@ -65,7 +69,8 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
     covered = crossed > 0 and validations > 0 and (at_n["batch_in_epoch"] > 0 or not mid_epoch_possible)
     detail = (
         f"checkpoint at step {n} of {2 * n} ({where}), then {crossed} epoch boundaries and "
-        f"{validations} validations; losses of steps {n + 1}-{2 * n}: {equal}/{n} equal; "
+        f"{validations} validations; losses of steps {n + 1}-{2 * n}: {equal}/{n} equal, "
+        f"validation losses {'equal' if val_got == val_expected else 'DIFFER'}; "
         f"{len(got)} train records for {2 * n} steps; final model and optimizer "
         + ("equal" if same_state else "DIFFER")
     )
@@ -74,7 +79,7 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
         detail += f"{cfg.grad_accum_steps} a step)"
     if not covered:
         detail += "; the runs did not cover a mid-epoch checkpoint, an epoch boundary and a validation"
-    passed = got == expected and len(got) == 2 * n and same_state and covered
+    passed = got == expected and val_got == val_expected and len(got) == 2 * n and same_state and covered
     return passed, detail
 
 

@@ -1,7 +1,8 @@
 """The run folder's records: run.json (what ran, where, with what) and metrics.jsonl.
 
 metrics.jsonl holds one JSON object a line: `step`, `split` ("train" or "val") and `loss`; train
-records add `lr` and `grad_norm`, validation records add `accuracy`. Floats are written in full.
+records add `lr` and `grad_norm`, validation records add `accuracy`.
+Floats are written in full.
 """
 
 import datetime
@@ -40,51 +41,46 @@ class RunLog:
         except OSError as error:
             raise RunDirError(f"cannot write to run folder {run_dir}: {error.strerror}") from None
         self._metrics = None
+        self.record: dict = {}  # run.json's, kept here and written whole on every change
 
-    def start(self, cfg: Config, data: dict, precision: str) -> None:
-        record = {
-            "project": PROJECT,
-            "config": asdict(cfg),
-            "seed": cfg.seed,
-            "precision": precision,
-            "data": data,
-            "git": git_state(),
-            "versions": library_versions(),
-            "command": sys.argv,
-            "started": _now(),
-            "resumed": [],
-        }
+    def start(self, record: dict) -> None:
+        """A new run: run.json written, metrics.jsonl started afresh."""
+        self.record = record
         _write_json_atomically(self.run_json, record)
         self.metrics_path.unlink(missing_ok=True)
         self._open_metrics()
 
-    def resume(self, step: int, checkpoint: Path) -> None:
-        """Keeps the records up to `step` and notes the restart in run.json."""
-        kept = []
-        if self.metrics_path.exists():
-            for line in self.metrics_path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:  # a line torn by a crash
-                    continue
-                if record["step"] <= step:
-                    kept.append(line + "\n")
-        tmp = self.metrics_path.with_name(".metrics.jsonl.tmp")
-        tmp.write_text("".join(kept))
-        os.replace(tmp, self.metrics_path)
-        if self.run_json.exists():
-            record = json.loads(self.run_json.read_text())
-            record["resumed"].append(
-                {
-                    "at_step": step,
-                    "checkpoint": str(checkpoint),
-                    "git": git_state(),
-                    "command": sys.argv,
-                    "time": _now(),
-                }
-            )
-            _write_json_atomically(self.run_json, record)
+    def resume(self, record: dict, step: int, path: Path, checkpoint: dict) -> None:
+        """Keeps the records up to `step` (the checkpoint at `path`) and notes the restart in
+        run.json; a damaged run.json is rebuilt from `record` (this command's), with a warning.
+        """
+        self._keep_metrics(step)
+        try:
+            self.record = read_record(self.dir)
+        except RunRecordError as error:
+            print(f"warning: {error}: rebuilt from this command's settings", file=sys.stderr)
+            self.record = {**record, "rebuilt_at_step": step}
+        restart = {"at_step": step, "checkpoint": str(path), "git": git_state(), "command": sys.argv}
+        self.record.setdefault("resumed", []).append({**restart, "time": _now()})
+        _write_json_atomically(self.run_json, self.record)
         self._open_metrics()
+
+    def _keep_metrics(self, step: int) -> list[dict]:
+        """Rewrites metrics.jsonl with its records up to `step`, dropping lines that are not
+        records (a line torn by a crash, silently; others with a warning); returns them."""
+        try:
+            data = self.metrics_path.read_bytes()
+        except FileNotFoundError:
+            data = b""
+        except OSError as error:
+            raise RunDirError(f"cannot read {self.metrics_path}: {error.strerror}") from None
+        records, damaged = parse_metrics(data)
+        lines = data.splitlines()
+        if [n for n in damaged if n < len(lines)]:  # the last line alone is a torn write
+            print(f"warning: {self.metrics_path}: {_damaged(damaged)} dropped", file=sys.stderr)
+        kept = [r for r in records if r["step"] <= step]
+        _write_atomically(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        return kept
 
     def log(self, **record) -> None:
         try:
@@ -102,9 +98,8 @@ class RunLog:
 
     def finish(self, summary: dict) -> None:
         """Records where this session of the run ended (or was stopped), and how fast it went."""
-        record = json.loads(self.run_json.read_text())
-        record["finished"] = {**summary, "time": _now()}
-        _write_json_atomically(self.run_json, record)
+        self.record["finished"] = {**summary, "time": _now()}
+        _write_json_atomically(self.run_json, self.record)
 
     def close(self) -> None:
         """Closes the records and releases the run folder; call it last."""
@@ -117,9 +112,88 @@ class RunLog:
         self._metrics = self.metrics_path.open("a", encoding="utf-8")
 
 
+class RunRecordError(RuntimeError):
+    """run.json is missing or is not a run record."""
+
+
+# What every run.json holds (report, diagnose and resumes read them).
+RECORD_FIELDS = {"project": str, "config": dict, "git": dict, "versions": dict}
+
+
+def run_record(cfg: Config, data: dict, precision: str) -> dict:
+    """run.json for a run started by this command."""
+    return {
+        "project": PROJECT,
+        "config": asdict(cfg),
+        "seed": cfg.seed,
+        "precision": precision,
+        "data": data,
+        "git": git_state(),
+        "versions": library_versions(),
+        "command": sys.argv,
+        "started": _now(),
+        "resumed": [],
+    }
+
+
+def read_record(run_dir: Path) -> dict:
+    """The run's run.json, or RunRecordError saying in one line why it cannot be."""
+    path = run_dir / "run.json"
+    try:
+        record = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise RunRecordError(f"{path} is missing") from None
+    except OSError as error:
+        raise RunRecordError(f"cannot read {path}: {error.strerror}") from None
+    except ValueError:  # not JSON, or not UTF-8
+        raise RunRecordError(f"{path} is damaged (not JSON)") from None
+    if not isinstance(record, dict):
+        raise RunRecordError(f"{path} is damaged (not a run record)")
+    wrong = [name for name, kind in RECORD_FIELDS.items() if not isinstance(record.get(name), kind)]
+    if wrong:
+        raise RunRecordError(f"{path} is damaged (no valid {', '.join(wrong)})")
+    return record
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's records; lines that are not records are skipped, with a warning."""
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    records, damaged = parse_metrics(path.read_bytes())
+    if damaged:
+        print(f"warning: {path}: {_damaged(damaged)} skipped", file=sys.stderr)
+    return records
+
+
+def parse_metrics(data: bytes) -> tuple[list[dict], list[int]]:
+    """The records in metrics.jsonl's bytes, and the numbers of the lines that are not one."""
+    records, damaged = [], []
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:  # torn by a crash, or not UTF-8
+            damaged.append(number)
+            continue
+        if _is_record(record):
+            records.append(record)
+        else:
+            damaged.append(number)
+    return records, damaged
+
+
+def _is_record(record) -> bool:
+    return (
+        isinstance(record, dict)
+        and type(record.get("step")) is int
+        and record.get("split") in ("train", "val")
+        and isinstance(record.get("loss"), int | float)
+    )
+
+
+def _damaged(lines: list[int]) -> str:
+    shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+    return f"{len(lines)} damaged line{'s' if len(lines) > 1 else ''} ({shown})"
 
 
 def git_state() -> dict:
@@ -152,6 +226,16 @@ def _now() -> str:
 
 
 def _write_json_atomically(path: Path, record: dict) -> None:
+    _write_atomically(path, json.dumps(record, indent=2) + "\n")
+
+
+def _write_atomically(path: Path, text: str) -> None:
+    """Writes `path` whole or not at all (a full disk leaves the previous version and no temporary
+    file, and says so in one line)."""
     tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise RunDirError(f"cannot write {path}: {error.strerror}") from None

@@ -21,8 +21,8 @@ from .checkpoint import CheckpointDir, rng_state, set_rng_state
 from .config import EVAL_EVERY_MAX, RESUME_FIXED, Config, ConfigError
 from .data import Splits, load_splits
 from .engine import PRECISION, Engine, evaluate, setup, train_step
-from .loader import EpochBatches, build_loaders
-from .runlog import RunLog
+from .loader import EpochBatches, build_loaders, close
+from .runlog import RunLog, run_record
 from .stopping import StopSignals
 
 
@@ -122,8 +122,9 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
     checkpoints = CheckpointDir(run.dir / "checkpoints", cfg.keep_last)
     say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
     latest = checkpoints.load_latest()
+    record = run_record(cfg, splits.describe(), PRECISION)  # run.json, unless resuming
     if latest is None:
-        run.start(cfg, splits.describe(), PRECISION)
+        run.start(record)
         state.schedule_steps = cfg.max_steps
     else:
         path, checkpoint = latest
@@ -137,7 +138,7 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
             run.close()
             say(f"{cfg.run_dir} is complete at step {state.step}: raise --max-steps to train on")
             return {**asdict(state), "stopped_by": None, "exit_status": 0}
-        run.resume(state.step, path)
+        run.resume(record, state.step, path, checkpoint)
         say(f"resuming from {path} at step {state.step}")
     n_params = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
     say(f"model: {n_params:,} trainable parameters; device {device}, precision {PRECISION}")
@@ -225,6 +226,8 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
         run.close()
         # Loader workers ignore stop signals, so at exit they must be ended here, by their loaders.
         batches.close()
+        close(train_loader)
+        close(val_loader)
         del batches, train_loader, val_loader
     if signum:
         if not quiet:

@@ -1,4 +1,4 @@
-"""The command line: train, check, inspect-data, plot, report, diagnose, find-lr.
+"""The command line: train, check, and the commands that inspect, diagnose, profile and tune.
 
     python -m everything train [--data FILE] [--run-dir DIR] [--max-steps N] ...
     python -m everything check [all|overfit|batch|init|loader|resume] ...
@@ -6,12 +6,15 @@
     python -m everything plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
     python -m everything report RUN_DIR [--since EARLIER_RUN_DIR]
     python -m everything diagnose RUN_DIR [RUN_DIR ...] [--json]
+    python -m everything profile [-o DIR] [train options]
     python -m everything find-lr [-o FILE.png] [train options]
+    python -m everything find-batch-size [--global-batch N] [train options]
 
 Every field of config.Config is an option; `train --help` lists them.
 """
 
 import argparse
+import os
 import sys
 
 from .checkpoint import CheckpointError
@@ -20,11 +23,12 @@ from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
 from .diagnose import DiagnoseError, run_diagnose
 from .distributed import shutdown
+from .profiling import profile
 from .report import ReportError, plot, report
 from .runlog import RunDirError
 from .stopping import Aborted, RunFolderBusy
 from .train import TrainingError, train
-from .tune import RANGE_STEPS, find_lr
+from .tune import MEMORY_TARGET, RANGE_STEPS, find_batch_size, find_lr
 
 # Errors a user can act on: one line and exit 2 (the input or the run folder) or 1 (what happened).
 BAD_INPUT = (ConfigError, DataError, DiagnoseError, RunFolderBusy)
@@ -50,10 +54,17 @@ def main(argv: list[str] | None = None) -> int:
     doctor = commands.add_parser("diagnose", help="what the loss curves say is wrong, with first checks")
     doctor.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
     doctor.add_argument("--json", action="store_true", help="the findings as JSON")
+    profiler = commands.add_parser("profile", help="where a step's time goes: phases, operators, FLOP/s")
+    profiler.add_argument("-o", "--output", default="runs/profile", metavar="DIR", help="for the trace")
+    add_config_arguments(profiler)
     finder = commands.add_parser("find-lr", help="the learning-rate range test: a suggested --lr and a plot")
     finder.add_argument("-o", "--output", default="lr_range.png", metavar="FILE.png")
     finder.add_argument("--range-steps", type=int, default=RANGE_STEPS, help="steps of the sweep")
     add_config_arguments(finder)
+    sizer = commands.add_parser("find-batch-size", help="the micro-batch that fills the device's memory")
+    sizer.add_argument("--global-batch", type=int, metavar="N", help="examples a step, accumulation included")
+    sizer.add_argument("--memory-target", type=float, default=MEMORY_TARGET, help="share of device memory")
+    add_config_arguments(sizer)
     args = parser.parse_args(argv)
     try:
         if args.command == "plot":
@@ -69,14 +80,22 @@ def main(argv: list[str] | None = None) -> int:
             return train(cfg)["exit_status"]
         if args.command == "check":
             return run_checks(cfg, args.which)
+        if args.command == "profile":
+            print(profile(cfg, args.output))
+            return 0
+        if args.command == "find-batch-size":
+            print(find_batch_size(cfg, args.global_batch, args.memory_target))
+            return 0
         if args.command == "find-lr":
             print(find_lr(cfg, args.output, args.range_steps))
             return 0
         print(summarize(load_splits(cfg)))
         return 0
     except FAILURES as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2 if isinstance(error, BAD_INPUT) else 1
+        bad_input = isinstance(error, BAD_INPUT)
+        if not bad_input or os.environ.get("RANK", "0") == "0":  # every rank finds bad input: one says so
+            print(f"error: {error}", file=sys.stderr)
+        return 2 if bad_input else 1
     except KeyboardInterrupt as error:  # before training started, or a second stop signal (Aborted)
         how = f"aborted by a second {error}" if isinstance(error, Aborted) else "interrupted"
         print(f"{how}: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)

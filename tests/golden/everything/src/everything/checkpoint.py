@@ -70,9 +70,18 @@ class CheckpointDir:
         self.keep_last = keep_last
         self.write = write
         if write:
+            self._prepare()
+
+    def _prepare(self) -> None:
+        """Makes the folder and removes what a crash in the middle of a save left."""
+        if self.path.exists() and not self.path.is_dir():
+            raise CheckpointError(f"{self.path} is a file, where the checkpoints go: move it away")
+        try:
             self.path.mkdir(parents=True, exist_ok=True)
-            for stale in self.path.glob(".*.tmp"):  # left by a crash in the middle of a save
+            for stale in self.path.glob(".*.tmp"):
                 stale.unlink()
+        except OSError as error:
+            raise CheckpointError(f"cannot write checkpoints in {self.path}: {error.strerror}") from None
 
     def step_files(self) -> list[Path]:
         """Step checkpoints, oldest first."""
@@ -120,8 +129,11 @@ def load(path: Path) -> dict:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated, zero bytes, garbage: torch raises several types
         raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__})") from None
-    if not isinstance(payload, dict) or not payload.keys() >= REQUIRED_KEYS | {"digest"}:
+    if not isinstance(payload, dict) or not payload.keys() >= REQUIRED_KEYS:
         raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
+    if "digest" not in payload:  # written by this project before its checkpoints carried one
+        print(f"warning: checkpoint {path} has no digest (an older version wrote it): loaded unverified")
+        return payload
     if payload.pop("digest") != digest(payload):
         raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match its digest)")
     return payload

@@ -50,6 +50,7 @@ class CheckResult:
     detail: str  # one line: what was measured
     value: float = math.nan  # the headline figure for the summary
     samples_per_s: float = math.nan
+    gpu_util: float | None = None  # mean % over the loader check's window (NVML)
 
     def line(self) -> str:
         return f"{self.name}: {'PASS' if self.passed else 'FAIL'}: {self.detail}"
@@ -164,11 +165,15 @@ def check_loader(cfg: Config) -> CheckResult:
         f"with real loading {timing.samples_per_s:,.0f} samples/s, "
         f"{timing.wait_share:.1%} of the time waiting for data (num_workers={cfg.num_workers})"
     )
+    if timing.by_workers:
+        rates = ", ".join(f"{n}: {rate:,.0f}" for n, rate in timing.by_workers.items())
+        fastest = max(timing.by_workers, key=timing.by_workers.get)
+        detail += f"; loader alone by --num-workers, samples/s: {rates} (fastest {fastest})"
     if not passed:
         detail += ": loading is the bottleneck; raise --num-workers or move work out of the main process"
     elif timing.wait_share > LOADER_WARN_SHARE:
         detail += f": warning, over {LOADER_WARN_SHARE:.0%}; try more --num-workers"
-    return CheckResult("loader", passed, detail, timing.wait_share, timing.samples_per_s)
+    return CheckResult("loader", passed, detail, timing.wait_share, timing.samples_per_s, timing.gpu_util)
 
 
 def run_checks(cfg: Config, which: str) -> int:
@@ -227,7 +232,7 @@ def _run(cfg: Config, which: str, main: bool) -> int:
         say(f"**Sanity:** {sanity(summary)}")
         say(
             f"**Throughput:** {results['loader'].samples_per_s:,.0f} samples/s, "
-            f"GPU util {_gpu_utilization(torch.device(cfg.device))}, "
+            f"GPU util {_gpu_utilization(results['loader'].gpu_util)}, "
             f"data-loader time share {results['loader'].value:.1%}"
         )
     return 0 if all(r.passed for r in results.values()) else 1
@@ -250,10 +255,6 @@ def _repeat(batch):
         yield batch
 
 
-def _gpu_utilization(device: torch.device) -> str:
-    if device.type != "cuda":
-        return "n/a"
-    try:
-        return f"{torch.cuda.utilization(device)}%"
-    except (ModuleNotFoundError, RuntimeError):  # needs the nvidia-ml-py package
-        return "n/a"
+def _gpu_utilization(mean: float | None) -> str:
+    """The loader check's mean GPU utilisation over its timed window, sampled through NVML."""
+    return "n/a" if mean is None else f"{mean:.0f}% (sampled over the loader check)"

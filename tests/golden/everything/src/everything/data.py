@@ -108,19 +108,54 @@ def example_data(n: int = 4096) -> tuple[np.ndarray, np.ndarray]:
 
 
 def read_pairs(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Inputs x (N, F) and targets y (N,) from a .npz, as float32."""
     if not path.is_file():
         raise DataError(f"{path}: no such file")
-    try:
-        arrays = np.load(path, allow_pickle=False)  # never unpickle data
-    except (OSError, ValueError) as error:
-        raise DataError(f"{path}: not a readable .npz file ({error})") from None
-    missing = [key for key in ("x", "y") if key not in arrays]
-    if missing:
-        raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {list(arrays)}")
-    x, y = arrays["x"], arrays["y"]
-    if x.ndim != 2 or y.shape != (len(x),) or not np.isfinite(x).all() or not np.isfinite(y).all():
-        raise DataError(f"{path}: need finite x of shape (N, F) and y of shape (N,)")
+    if path.suffix != ".npz":
+        raise DataError(f"{path}: expected a .npz file with arrays x and y")
+    x, y = read_npz_pair(path)
+    check_values(path, "input", x)
+    check_values(path, "target", y)
     return x.astype(np.float32), y.astype(np.float32)
+
+
+def read_npz_pair(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """Arrays x (N, F) and y (N,) of a .npz file, never unpickled, or a DataError in one line."""
+    try:
+        with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
+            missing = [key for key in ("x", "y") if key not in arrays.files]
+            if missing:
+                found = ", ".join(arrays.files[:10]) or "none"
+                raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {found}")
+            x, y = arrays["x"], arrays["y"]
+    except DataError:
+        raise
+    except Exception as error:  # not a zip, a truncated one, or object arrays (refused unread)
+        raise DataError(f"{path}: not a readable .npz file of numeric arrays ({error})") from None
+    if x.ndim != 2 or y.shape != (len(x),):
+        raise DataError(f"{path}: need x of shape (N, F) and y of shape (N,), got {x.shape} and {y.shape}")
+    return x, y
+
+
+# Values beyond this magnitude are refused: float32 statistics of them (sums of squares over a
+# million examples) overflow, and a loss over them is NaN from the first step.
+LARGEST_VALUE = 1e15
+
+
+def check_values(path: Path, name: str, values: np.ndarray) -> None:
+    """A DataError naming the first example whose `name` is not a real, finite number within
+    ±LARGEST_VALUE (complex, text, NaN, infinite and huge values are refused, not cast)."""
+    if values.dtype.kind not in "biuf":
+        raise DataError(f"{path}: the {name}s are {values.dtype} values; they must be real numbers")
+    with np.errstate(over="ignore", invalid="ignore"):
+        wide = values.astype(np.float64)
+        bad = ~(np.abs(wide) <= LARGEST_VALUE)  # NaN compares False: bad too
+    if bad.any():
+        where = np.unravel_index(np.argmax(bad), bad.shape)  # the first, in example order
+        raise DataError(
+            f"{path}: example {where[0]} has {name} {wide[where]:g}; {name}s must be finite and"
+            f" within ±{LARGEST_VALUE:g}"
+        )
 
 
 def summarize(splits: Splits, n_samples: int = 5) -> str:

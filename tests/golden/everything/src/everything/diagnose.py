@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runlog import read_metrics
+from .runlog import RunRecordError, read_metrics, read_record
 
 # Thresholds, each with why that value.
 MIN_TRAIN_RECORDS = 5  # fewer logged train steps than this say nothing about a curve
@@ -100,10 +100,12 @@ class Run:
 def load_run(run_dir: str) -> Run:
     path = Path(run_dir)
     try:
-        record = json.loads((path / "run.json").read_text())
+        record = read_record(path)
         metrics = read_metrics(path)
-    except (OSError, json.JSONDecodeError) as error:
-        raise DiagnoseError(f"{path}: not a readable run folder ({error})") from None
+    except RunRecordError as error:
+        raise DiagnoseError(str(error)) from None
+    except OSError as error:
+        raise DiagnoseError(f"cannot read {path / 'metrics.jsonl'}: {error.strerror}") from None
     checks = path.parent / "check" / "summary.json"
     summary = json.loads(checks.read_text()) if checks.exists() else None
     train = [r for r in metrics if r["split"] == "train"]
@@ -123,8 +125,8 @@ def diagnose(run: Run, leak_test: bool = True) -> list[Finding]:
 
 
 def find_nan(run: Run) -> list[Finding]:
-    precision = run.record.get("precision", "fp32")
-    scaled = bool(run.train) and "skipped_steps" in run.train[-1]  # fp16: the gradient scaler's count
+    precision = run.record.get("precision", "fp16")
+    scaled = bool(run.train) and "skipped_steps" in run.train[-1]  # the gradient scaler's count
     skipped = run.train[-1]["skipped_steps"] if scaled else 0
     scaler = f", the gradient scaler skipped {skipped} steps" if scaled else ""
     for i, r in enumerate(run.train):

@@ -77,6 +77,15 @@ def any_rank_max(value: int) -> int:
     return int(found[0])
 
 
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """Rank 0's buffers (BatchNorm's running statistics) on every rank. DDP runs without a buffer
+    broadcast in each forward (engine.wrap), so the ranks' statistics drift apart in training;
+    before a validation they become rank 0's, the ones its checkpoints hold, so every rank
+    evaluates one model, the same after a resume as without one."""
+    for buffer in module.buffers():
+        dist.broadcast(buffer, src=0)
+
+
 def all_gather(value: object) -> list:
     """Every rank's `value`, in rank order (RNG states for a checkpoint, say)."""
     gathered: list = [None] * dist.get_world_size()

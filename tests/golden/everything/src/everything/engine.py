@@ -65,8 +65,9 @@ def lr_factor(cfg: Config):
 
 def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
     """What the loop calls: the model under DistributedDataParallel, compiled with --compile."""
-    # No buffer sync in forward: the buffers never change, and a broadcast in every forward would
-    # make ranks that evaluate different numbers of batches wait for each other.
+    # No buffer sync in forward: a broadcast in every forward would make ranks that evaluate
+    # different numbers of batches wait for each other. train broadcasts rank 0's buffers
+    # (BatchNorm's statistics) before each validation instead.
     device_ids = [torch.cuda.current_device()] if device.type == "cuda" else None  # set from LOCAL_RANK
     model = torch.nn.parallel.DistributedDataParallel(
         model, device_ids=device_ids, forward_sync_buffers=False
@@ -106,30 +107,42 @@ class Engine:
             part.load_state_dict(state[name])
 
 
-def train_step(engine: Engine, batches, cfg: Config, device: torch.device):
+def _unmarked(phase: str) -> None:
+    """train_step's `mark` in training: nothing is timed inside a step."""
+
+
+def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=_unmarked):
     """One optimizer step over cfg.grad_accum_steps micro-batches.
 
     Returns the mean loss and the gradient norm as tensors: reading them (.item()) waits for the
-    device, so the loop does that only on logging steps.
+    device, so the loop does that only on logging steps. `mark(phase)` is called as each phase
+    begins (data, copy, forward, backward, optimizer) and with "done" at the end: `profile`
+    times the phases with it.
     """
     losses = []  # each micro-batch's share of the step's mean loss
     for i in range(cfg.grad_accum_steps):
+        mark("data")
         x, y = next(batches)
+        mark("copy")
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        mark("forward")
         # DDP averages gradients over the ranks once, on the last micro-batch of the step.
         last = i == cfg.grad_accum_steps - 1
         with contextlib.nullcontext() if last else engine.forward.no_sync():
             with torch.autocast(device.type, dtype=AMP_DTYPE):
                 output = engine.forward(x)
             loss = compute_loss(output, y) / cfg.grad_accum_steps
+            mark("backward")
             engine.scaler.scale(loss).backward()
         losses.append(loss.detach())
+    mark("optimizer")
     params = [p for group in engine.optimizer.param_groups for p in group["params"]]
     engine.scaler.unscale_(engine.optimizer)  # clip the true gradients, not the scaled ones
     grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
     engine.scaler.step(engine.optimizer)  # skipped when the gradients overflowed; the scale then shrinks
     engine.scaler.update()
     engine.optimizer.zero_grad(set_to_none=True)
+    mark("done")
     return sum(losses), grad_norm
 
 

@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from .config import Config, ConfigError
+from .distributed import Dist, init_distributed
 from .stopping import ignore_stop_signals
 
 
@@ -92,6 +93,14 @@ def _as_read(batch):
     return batch
 
 
+def close(loader: DataLoader) -> None:
+    """Ends a loader's persistent workers now. Dropping the loader does that too, except after an
+    error raised in a worker: torch then keeps its workers to the exit, where they (ignoring stop
+    signals, see seed_worker) would hang it. torch has no public call for this."""
+    if loader._iterator is not None:
+        loader._iterator._shutdown_workers()
+
+
 def seed_worker(worker_id: int) -> None:
     """Seeds a loader worker's Python and NumPy from the seed torch gave it; leaves stopping to the
     main process."""
@@ -101,11 +110,14 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-def build_loaders(splits, cfg: Config, device: torch.device, rank: int, world_size: int):
-    """The training loader (resumable order, drop_last) and the validation loader (in order).
+def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None = None):
+    """The training loader (resumable order, drop_last) and the validation loader (in order), for
+    this process's rank of `group` (by default init_distributed's: a group of one outside torchrun).
 
     Validation batches are dealt out to the ranks in turn: together they cover every example once.
     """
+    group = group or init_distributed(device.type)
+    rank, world_size = group.rank, group.world_size
     n_train = training_examples(splits, cfg)
     batches = EpochBatches(n_train, cfg.batch_size, cfg.seed, rank, world_size)
     if batches.batches_per_epoch() == 0:

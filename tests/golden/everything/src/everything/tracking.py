@@ -4,8 +4,10 @@
 
 MLflow keeps every value it is sent, so records reach it once a checkpoint covers them: a run
 resumed after a crash continues the same MLflow run (its id is saved in every checkpoint) with
-one value per step. Charts lag by at most --ckpt-every steps; metrics.jsonl has every record at
-once. MLflow 3 has put its file store in maintenance mode; pass a database or server URI with
+one value per step, sent from metrics.jsonl where the stopped process had not sent them. A start
+killed before its first checkpoint leaves its MLflow run open: the next start closes it as
+KILLED. Charts lag by at most --ckpt-every steps; metrics.jsonl has every record at once.
+MLflow 3 has put its file store in maintenance mode; pass a database or server URI with
 --tracking-uri (for example sqlite:///mlflow.db) to use its newest features.
 """
 
@@ -20,15 +22,25 @@ from mlflow.tracking import MlflowClient
 
 
 class Tracker:
-    def __init__(self, run_dir: Path, record: dict, resume: dict | None) -> None:
+    PURGES = False  # MLflow keeps every value it is sent: none is sent twice
+
+    def __init__(self, run_dir: Path, record: dict, resume: dict | None, earlier: dict | None = None) -> None:
         uri = record["config"]["tracking_uri"]
         if uri is None:
             os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             uri = (run_dir / "mlruns").resolve().as_uri()
         self.client = MlflowClient(tracking_uri=uri)
-        self.run_id = resume["state"]["mlflow_run_id"] if resume else None
+        # A resumed run continues its MLflow run. So does a new start after one killed before its
+        # first checkpoint (`earlier`: it sent MLflow its settings, no metrics) if they are the same;
+        # if not, that run is closed as KILLED beside a new one.
+        state = resume["state"] if resume else earlier or {}
+        self.run_id = state.get("mlflow_run_id")
         if self.run_id is not None and not self._has_run(self.run_id):
-            print(f"warning: MLflow run {self.run_id} is not in {uri}: continuing in a new MLflow run")
+            if resume:
+                print(f"warning: MLflow run {self.run_id} is not in {uri}: continuing in a new MLflow run")
+            self.run_id = None
+        if resume is None and self.run_id is not None and not self._log_params(record):
+            self.client.set_terminated(self.run_id, status=RunStatus.to_string(RunStatus.KILLED))
             self.run_id = None
         if self.run_id is not None:
             self.client.update_run(self.run_id, status=RunStatus.to_string(RunStatus.RUNNING))
@@ -39,10 +51,18 @@ class Tracker:
             else:
                 experiment_id = experiment.experiment_id
             self.run_id = self.client.create_run(experiment_id, run_name=run_dir.name).info.run_id
-            logged = {**record["config"], **{k: record[k] for k in ("seed", "git", "versions", "precision")}}
-            params = [Param(k, json.dumps(v)[:6000]) for k, v in logged.items()]  # MLflow's length limit
-            self.client.log_batch(self.run_id, params=params)
+            self._log_params(record)
         self.pending: list[Metric] = []
+
+    def _log_params(self, record: dict) -> bool:
+        """Logs the run's settings; False where the MLflow run holds other values for them."""
+        logged = {**record["config"], **{k: record[k] for k in ("seed", "git", "versions", "precision")}}
+        params = [Param(k, json.dumps(v)[:6000]) for k, v in logged.items()]  # MLflow's length limit
+        try:
+            self.client.log_batch(self.run_id, params=params)
+        except MlflowException:  # MLflow refuses to change a parameter
+            return False
+        return True
 
     def _has_run(self, run_id: str) -> bool:
         try:

@@ -24,10 +24,10 @@ from tqdm import tqdm
 from .checkpoint import CheckpointDir, rng_state, set_rng_state
 from .config import EVAL_EVERY_MAX, RESUME_FIXED, Config, ConfigError
 from .data import Splits, load_splits
-from .distributed import all_gather, all_reduce_sum, any_rank_max, init_distributed
+from .distributed import all_gather, all_reduce_sum, any_rank_max, broadcast_buffers, init_distributed
 from .engine import PRECISION, Engine, evaluate, setup, train_step
-from .loader import EpochBatches, build_loaders
-from .runlog import RunLog, SilentRunLog
+from .loader import EpochBatches, build_loaders, close
+from .runlog import RunLog, SilentRunLog, run_record
 from .stopping import StopSignals
 
 
@@ -135,8 +135,9 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
     checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, write=group.is_main)
     say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
     latest = checkpoints.load_latest()
+    record = run_record(cfg, splits.describe(), PRECISION)  # run.json, unless resuming
     if latest is None:
-        run.start(cfg, splits.describe(), PRECISION)
+        run.start(record)
         state.schedule_steps = cfg.max_steps
     else:
         path, checkpoint = latest
@@ -150,13 +151,13 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
             run.close()
             say(f"{cfg.run_dir} is complete at step {state.step}: raise --max-steps to train on")
             return {**asdict(state), "stopped_by": None, "exit_status": 0}
-        run.resume(state.step, path, checkpoint["tracker"])
+        run.resume(record, state.step, path, checkpoint)
         say(f"resuming from {path} at step {state.step}")
     n_params = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
     say(f"model: {n_params:,} trainable parameters; device {device}, precision {PRECISION}")
     say(f"data: {splits.source}, {len(splits.train):,} train / {len(splits.val):,} val examples")
     say(f"ranks: {group.world_size}, {cfg.batch_size} examples each a micro-batch")
-    train_loader, val_loader, sampler = build_loaders(splits, cfg, device, group.rank, group.world_size)
+    train_loader, val_loader, sampler = build_loaders(splits, cfg, device, group)
     eval_every, plan = validation_schedule(cfg, sampler)
     say(plan)
     waits = [0.0, 0.0]  # seconds spent waiting for the next batch, and in training steps in all
@@ -213,6 +214,7 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
                 progress.log(state.step, loss, lr, grad_norm)
             waits[1] += time.perf_counter() - step_started  # to the logging sync; not validation
             if state.step % eval_every == 0 or last:
+                broadcast_buffers(engine.model)
                 metrics = evaluate(engine, val_loader, splits, device)
                 run.log(step=state.step, split="val", **metrics)
                 improved = metrics["loss"] < state.best_val_loss
@@ -251,6 +253,8 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
         run.close()
         # Loader workers ignore stop signals, so at exit they must be ended here, by their loaders.
         batches.close()
+        close(train_loader)
+        close(val_loader)
         del batches, train_loader, val_loader
     if signum:
         if not quiet:

@@ -1,0 +1,105 @@
+"""Which checks each combination gets: every check, or, for a twin, the checks of what differs.
+
+Two answers change code that the matrix's checks cannot tell apart from their primary's:
+
+- `device`: on a machine without the device (CI's CPU runners), a cuda or mps project is checked
+  with `--device cpu`, and then runs the cpu project's code line for line, but for a few lines
+  about the device (TF32 and cuBLAS settings, the GPU's RNG and name in the run record);
+- `tracker`: the tracker only reads the run's records; it never touches the model, the batches,
+  the optimizer or the random streams (the resume check's bit-for-bit comparison proves that).
+
+A combination that differs from another only in these is its *twin*; the other, with tracker none
+and the checking device, is its *primary* and gets `check all`. The twin is rendered and linted
+like any combination, then runs `check resume` only: a run, a crash after a checkpoint and a
+resume, bit for bit, with its tracker logging and its device lines executing. What `check all`
+adds (overfit, batch, init, loader) tests the model, the loss, the optimizer step and the loader,
+whose code the twin shares with its primary; the compiled graphs are the primary's too, so a
+compile twin's resume runs without torch.compile.
+
+A twin that differs from its primary in both (a tracker, on another device) is covered twice
+over: its tracker's lines run in the resume check of its twin on the checking device, its device's
+lines in the resume check of its twin with no tracker, and each rendered line of it is in one of
+those two (the tracker's templates do not depend on the device; where train.py and the run record
+do, the two conditions are separate blocks). Such a *cross* runs `check init` only: its own
+rendered project builds its data and model and takes their first losses, after the lint that
+every combination gets. Measured on the 1,200: crosses are 540 of the 1,080 twins, 180 of them
+ddp, whose resume check is the dearest twin's.
+
+A twin whose primary is not in the same run (a `--only` slice without it) gets every check; a
+cross whose two halves are not both in it gets the resume check.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from scaffold.combinations import combination_id
+
+# The answers a twin differs in from its primary, and the primary's value of each (the device's
+# is the device the checks run on).
+TWIN_ANSWERS = ("tracker", "device")
+PRIMARY_TRACKER = "none"
+TWIN_CHECK = "resume"
+CROSS_CHECK = "init"
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Plan:
+    """What a combination's check step runs."""
+
+    which: str  # the project's `check` argument: "all", or TWIN_CHECK for a twin
+    options: dict[str, Any]  # config options beyond the check sizes (a twin's --no-compile)
+    primary: str | None = None  # the combination whose `check all` covers the rest, for a twin
+
+    @property
+    def label(self) -> str:
+        return f"check {self.which}" + (f" (twin of {self.primary})" if self.primary else "")
+
+
+def primary_of(answers: dict[str, Any], *, native_device: bool) -> dict[str, Any]:
+    """The combination whose full checks cover `answers`': tracker none, and the device the checks
+    run on (the project's own with native_device, else the CPU)."""
+    primary = dict(answers)
+    if "tracker" in primary:
+        primary["tracker"] = PRIMARY_TRACKER
+    if "device" in primary and not native_device:
+        primary["device"] = "cpu"
+    return primary
+
+
+def family(answers: dict[str, Any]) -> str:
+    """The answers twins share with their primary: one family is checked together (a shard holds
+    whole families, so each twin's primary runs beside it)."""
+    return combination_id({k: v for k, v in answers.items() if k not in TWIN_ANSWERS})
+
+
+def plans(
+    combos: Sequence[dict[str, Any]], *, native_device: bool = False, full: bool = False
+) -> list[Plan]:
+    """Each combination's plan: `check all` for primaries, for twins whose primary is not among
+    `combos`, and for everything with `full`; `check resume` for the other twins."""
+    present = {combination_id(c) for c in combos}
+    result = []
+    for answers in combos:
+        primary_answers = primary_of(answers, native_device=native_device)
+        primary = combination_id(primary_answers)
+        if full or primary == combination_id(answers) or primary not in present:
+            result.append(Plan(which="all", options={}))
+            continue
+        options = {"no_compile": None} if answers.get("compile") else {}
+        halves = _halves(answers, primary_answers)
+        cross = len(halves) == 2 and all(combination_id(h) in present for h in halves)
+        which = CROSS_CHECK if cross else TWIN_CHECK
+        result.append(Plan(which=which, options=options, primary=primary))
+    return result
+
+
+def _halves(answers: dict[str, Any], primary: dict[str, Any]) -> list[dict[str, Any]]:
+    """The twins between `answers` and its `primary` that differ from the primary in one answer
+    each (none when `answers` differs in one only)."""
+    differs = [k for k in TWIN_ANSWERS if answers.get(k) != primary.get(k)]
+    if len(differs) < 2:
+        return []
+    return [{**primary, k: answers[k]} for k in differs]

@@ -1,0 +1,91 @@
+"""The declared floors are true: the oldest copier pyproject.toml allows renders the template, and
+renders exactly what the installed copier does; one below it is refused in one line.
+
+Each test makes a virtual environment on top of this one (--system-site-packages) and installs
+one copier version into it from the package index.
+"""
+
+from __future__ import annotations
+
+import filecmp
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scaffold.render import new_project
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def declared_copier_floor() -> str:
+    """The version in pyproject.toml's `"copier>=X"` dependency."""
+    return re.search(r'"copier>=([\d.]+)"', (REPO / "pyproject.toml").read_text())[1]
+
+
+def python_with_copier(folder: Path, version: str) -> Path:
+    subprocess.run(
+        [sys.executable, "-m", "venv", "--system-site-packages", str(folder)], check=True
+    )
+    python = folder / "bin" / "python"
+    subprocess.run(
+        [python, "-m", "pip", "install", "-q", f"copier=={version}"],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    return python
+
+
+def scaffold_new(python: Path, dest: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [python, "-m", "scaffold", "new", str(dest), "--defaults", "--no-git", "--task", "image"],
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def same_tree(a: Path, b: Path) -> bool:
+    compared = filecmp.dircmp(a, b)
+    if compared.left_only or compared.right_only or compared.diff_files or compared.funny_files:
+        return False
+    return all(same_tree(a / sub, b / sub) for sub in compared.common_dirs)
+
+
+@pytest.mark.slow
+def test_the_declared_copier_floor_renders_what_the_installed_copier_does(tmp_path):
+    floor = declared_copier_floor()
+    python = python_with_copier(tmp_path / "venv", floor)
+    version = subprocess.run(
+        [python, "-c", "import copier; print(copier.__version__)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert version in (floor, f"{floor}.0")
+
+    done = scaffold_new(python, tmp_path / "floor" / "demo")
+
+    assert done.returncode == 0, done.stderr
+    new_project(tmp_path / "now" / "demo", {"task": "image"}, git=False)
+    assert same_tree(tmp_path / "floor" / "demo", tmp_path / "now" / "demo")
+
+
+@pytest.mark.slow
+def test_a_copier_below_the_floor_is_refused_in_one_line(tmp_path):
+    python = python_with_copier(tmp_path / "venv", "9.14.3")  # crashed on _envops.undefined
+
+    done = scaffold_new(python, tmp_path / "old" / "demo")
+
+    assert done.returncode != 0
+    assert done.stderr.strip() == (
+        "error: the template failed to render: This template requires Copier version >= "
+        f"{declared_copier_floor()}, while your version of Copier is 9.14.3."
+    )
+    assert "Traceback" not in done.stdout + done.stderr
+    assert not (tmp_path / "old" / "demo").exists()

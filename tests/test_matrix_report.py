@@ -1,0 +1,37 @@
+"""The matrix's closing summary counts each kind of check and adds up the job time it took."""
+
+from __future__ import annotations
+
+from scaffold.matrix import report
+from scaffold.matrix.runner import Outcome
+from scaffold.matrix.twins import Plan
+
+
+def _outcome(tracker: str, which: str, seconds: float, passed: bool = True) -> Outcome:
+    primary = None if which == "all" else "classification-none-cpu"
+    return Outcome(
+        answers={"task": "classification", "tracker": tracker, "device": "cpu"},
+        passed=passed,
+        step="check",
+        seconds={"render": 1.0, "lint": 1.0, "check": seconds - 2.0},
+        output="" if passed else "boom",
+        plan=Plan(which=which, options={}, primary=primary),
+    )
+
+
+def test_the_summary_counts_each_check_and_its_job_time():
+    outcomes = [
+        _outcome("none", "all", 30.0),
+        _outcome("mlflow", "resume", 6.0),
+        _outcome("wandb", "resume", 6.0),
+        _outcome("tensorboard", "init", 3.0, passed=False),
+    ]
+
+    text = report.summary(outcomes, wall=40.0)
+
+    assert "combinations 4: passed 3, failed 1" in text
+    assert "check all on 1, a twin's check init on 1, a twin's check resume on 2" in text
+    assert "job time by check (the sum over combinations, all jobs together): " in text
+    assert "all 30.0s (1), init 3.0s (1), resume 12.0s (2)" in text
+    assert "FAILED classification-tensorboard-cpu at check" in text
+    assert text.endswith("matrix wall time: 40.0s")

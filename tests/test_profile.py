@@ -1,0 +1,221 @@
+"""`python -m <pkg> profile`: the split of a step into its phases sums to the step, the FLOP count
+is the model's, the verdict follows the data wait, and the trace is written. `find-batch-size`:
+its search, its rules, its CPU sweep. find-lr and profile run in a ddp project without torchrun."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_project import render, run
+
+from scaffold.render import new_project
+
+
+@pytest.fixture(scope="module")
+def proj(tmp_path_factory):
+    """The default project's package, imported from a fresh render: (its modules, its root)."""
+    project = new_project(tmp_path_factory.mktemp("p") / "profproj", {}, git=False).path
+    sys.path.insert(0, str(project / "src"))
+    try:
+        modules = {
+            name: importlib.import_module(f"profproj.{name}")
+            for name in ("config", "profiling", "model", "data", "tune")
+        }
+        yield modules, project
+    finally:
+        sys.path.remove(str(project / "src"))
+        for name in [m for m in sys.modules if m == "profproj" or m.startswith("profproj.")]:
+            del sys.modules[name]
+
+
+def _cfg(modules, **fields):
+    return modules["config"].Config(**fields)
+
+
+def test_the_phase_timer_gives_each_phase_the_time_until_the_next_mark(proj):
+    modules, _ = proj
+    timer = modules["profiling"].PhaseTimer(torch.device("cpu"))
+    for phase, pause in [("data", 0.02), ("forward", 0.05), ("optimizer", 0.01)]:
+        timer(phase)
+        time.sleep(pause)
+    timer("done")
+    time.sleep(0.05)  # after "done": counted nowhere
+    seconds = timer.seconds
+    assert seconds["copy"] == seconds["backward"] == 0
+    assert 0.02 <= seconds["data"] < 0.035
+    assert 0.05 <= seconds["forward"] < 0.065
+    assert 0.01 <= seconds["optimizer"] < 0.025
+
+
+def test_the_flop_count_is_the_models_matmuls_forward_and_backward(proj, monkeypatch):
+    modules, _ = proj
+    profiling = modules["profiling"]
+    cfg = _cfg(modules, batch_size=32, grad_accum_steps=2)
+    splits = modules["data"].load_splits(cfg)
+    engine = profiling.Engine(cfg, splits, torch.device("cpu"))
+    x, y = splits.train.x[:32], splits.train.y[:32]
+    batches = iter([(x, y), (x, y)])
+
+    flops = profiling.step_flops(engine, batches, cfg, torch.device("cpu"))
+
+    linears = [m for m in engine.model.modules() if isinstance(m, torch.nn.Linear)]
+    assert linears
+    per_layer = [2 * 32 * m.in_features * m.out_features for m in linears]
+    # forward, then the weight gradient of each layer and the input gradient of all but the first
+    expected = 2 * (sum(per_layer) * 2 + sum(per_layer[1:]))
+    assert flops == expected
+    assert all(p.grad is None for p in engine.model.parameters())  # the counted step is undone
+
+
+def test_profile_splits_a_real_step_and_writes_its_trace(proj, tmp_path):
+    modules, _ = proj
+    out = tmp_path / "profile"
+    lines = modules["profiling"].profile(_cfg(modules), str(out)).splitlines()
+
+    rows = {line.split()[0]: line for line in lines if line.startswith("  ") and "ms" in line}
+    phases = modules["profiling"].PHASES
+    assert set(phases) <= set(rows)
+    ms = {phase: float(rows[phase].split()[1]) for phase in phases}
+    assert all(ms[p] > 0 for p in ("forward", "backward", "optimizer"))
+    summed = next(line for line in lines if "phases sum" in line)
+    total, synced = (
+        float(summed.split()[2]),
+        float(summed.split("synchronised step of ")[1].split()[0]),
+    )
+    assert total == pytest.approx(sum(ms.values()), rel=0.01)
+    assert 0.95 <= total / synced <= 1.0  # the marks cover the step, within a few percent
+    assert any(line.startswith("FLOPs: ") and "GFLOP/s achieved" in line for line in lines)
+    assert any(line.startswith("verdict: not loader-bound") for line in lines)
+    trace = json.loads((out / "trace.json").read_text())
+    names = {event.get("name") for event in trace["traceEvents"]}
+    assert "aten::mm" in names or "aten::addmm" in names
+
+
+def test_a_slow_loader_is_the_verdict(proj, tmp_path, monkeypatch):
+    modules, _ = proj
+    profiling = modules["profiling"]
+    fast = profiling.micro_batches
+    lines = profiling.profile(_cfg(modules), str(tmp_path / "fast")).splitlines()
+    phases = next(line for line in lines if "synchronised step of " in line)
+    step = float(phases.split("synchronised step of ")[1].split()[0])  # ms
+    wait = max(0.02, 2 * step / 1000)  # twice a step (4 ms idle, 70x that on a loaded machine)
+
+    def slow(*args, **kwargs):
+        for batch in fast(*args, **kwargs):
+            time.sleep(wait)  # a decode in the main process
+            yield batch
+
+    monkeypatch.setattr(profiling, "micro_batches", slow)
+    lines = profiling.profile(_cfg(modules), str(tmp_path / "p")).splitlines()
+
+    verdict = next(line for line in lines if line.startswith("verdict: "))
+    assert verdict.startswith("verdict: loader-bound: waiting for data is")
+    data = next(line for line in lines if line.startswith("  data "))
+    assert float(data.split()[1]) >= wait * 1000  # ms a step
+
+
+@pytest.mark.slow
+def test_profile_and_find_lr_run_in_a_ddp_project_without_torchrun(tmp_path):
+    project = render(tmp_path / "ddpprof", distributed="ddp", tracker="tensorboard")
+
+    done = run(project, "profile", "--max-steps", "50")
+    assert done.returncode == 0, done.stderr
+    assert "verdict: " in done.stdout
+    traces = list((project / "runs" / "profile" / "tensorboard").glob("*.pt.trace.json"))
+    assert len(traces) == 1 and json.loads(traces[0].read_text())["traceEvents"]
+
+    done = run(project, "find-lr", "--range-steps", "20", "-o", tmp_path / "lr.png")
+    assert done.returncode == 0, done.stderr
+    assert "suggested --lr" in done.stdout
+    assert not Path(project / "runs" / "default").exists()
+
+
+@pytest.fixture(scope="module")
+def tune(proj):
+    return proj[0]["tune"]
+
+
+@pytest.mark.parametrize(("start", "threshold"), [(256, 40_000), (256, 300), (256, 100), (8, 8)])
+def test_the_batch_search_finds_the_largest_fit_in_few_probes(tune, start, threshold):
+    probes = []
+
+    def fits(size):
+        probes.append(size)
+        return size <= threshold
+
+    best = tune.largest_fitting(fits, start)
+
+    assert best <= threshold
+    assert threshold - best <= max(1, best // 16)  # bisected to within 1/16
+    assert len(probes) <= 2 * (threshold.bit_length() + 4)  # doubling and halving, then bisecting
+    assert threshold + 1 not in probes or not fits(threshold + 1)
+
+
+def test_the_batch_search_says_0_when_nothing_fits_and_stops_at_its_limit(tune):
+    assert tune.largest_fitting(lambda size: False, 64) == 0
+    assert tune.largest_fitting(lambda size: True, 64, limit=1000) == 1000
+
+
+def test_the_rescaling_rules(tune):
+    assert tune.rescaled_lr(0.003, 256, 1024) == pytest.approx(0.006)  # square root of 4
+    assert tune.accumulation_for(1024, 300) == (256, 4)
+    assert tune.accumulation_for(1024, 2048) == (1024, 1)
+    assert tune.accumulation_for(1000, 512, world_size=2) == (500, 1)
+
+
+def test_find_batch_size_on_the_cpu_measures_throughput_and_suggests_options(
+    proj, tune, monkeypatch
+):
+    modules, _ = proj
+    monkeypatch.setattr(tune, "CPU_BATCHES", (8, 16, 32, 64))
+    lines = tune.find_batch_size(_cfg(modules), global_batch=96).splitlines()
+
+    assert lines[0].startswith("find-batch-size on cpu: no device memory to fill")
+    rows = [line for line in lines if line.startswith("  batch ")]
+    assert [int(r.split()[1].rstrip(":")) for r in rows] == [8, 16, 32, 64]
+    rates = {int(r.split()[1].rstrip(":")): float(r.split()[2].replace(",", "")) for r in rows}
+    best = max(rates, key=rates.get)
+    assert f"fastest per sample: --batch-size {best} " in lines[-2]
+    size, steps = tune.accumulation_for(96, best)
+    assert f"--batch-size {size} --grad-accum-steps {steps} " in lines[-1]
+
+
+@pytest.fixture(scope="module")
+def cuda_timing(tmp_path_factory):
+    """The timing module of a cuda project (importable on a CPU machine)."""
+    answers = {"device": "cuda", "precision": "bf16"}
+    project = new_project(tmp_path_factory.mktemp("c") / "cudaproj", answers, git=False).path
+    sys.path.insert(0, str(project / "src"))
+    try:
+        yield importlib.import_module("cudaproj.timing")
+    finally:
+        sys.path.remove(str(project / "src"))
+        for name in [m for m in sys.modules if m == "cudaproj" or m.startswith("cudaproj.")]:
+            del sys.modules[name]
+
+
+def test_the_gpu_utilisation_is_the_mean_of_samples_taken_during_the_window(cuda_timing):
+    readings = iter([10, 30] * 1000)
+    with cuda_timing.UtilizationSampler(torch.device("cuda"), read=lambda: next(readings)) as gpu:
+        time.sleep(0.3)  # the window: about six samples, and one more as it ends
+    assert len(gpu.samples) >= 4
+    assert gpu.mean == pytest.approx(sum(gpu.samples) / len(gpu.samples))
+    assert 10 <= gpu.mean <= 30
+
+
+def test_without_nvml_or_off_cuda_the_gpu_utilisation_is_unknown(cuda_timing):
+    def no_nvml():
+        raise ModuleNotFoundError("pynvml")
+
+    with cuda_timing.UtilizationSampler(torch.device("cuda"), read=no_nvml) as gpu:
+        time.sleep(0.1)
+    assert gpu.mean is None
+    with cuda_timing.UtilizationSampler(torch.device("cpu")) as gpu:
+        time.sleep(0.1)
+    assert gpu.mean is None and not gpu.samples

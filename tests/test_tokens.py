@@ -1,0 +1,259 @@
+"""Generation projects prepare a corpus into memory-mapped token files (char, byte or BPE), train
+on them and resume exactly, report bits per byte, sample with the run's tokenizer, and refuse bad
+input in one line with exit status 2, leaving nothing half-written."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+from test_project import _command, _env, kill_at_step, records, render, run
+
+# A tiny model: these tests are about the data path, not the learning.
+TINY = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16"]
+TINY += ["--batch-size", "16"]
+RESUMABLE = [*TINY, "--max-steps", "30", "--ckpt-every", "10", "--eval-every", "10"]
+RESUMABLE += ["--log-every", "1", "--deterministic", "--num-workers", "1"]  # a worker maps it too
+EOT = "<|endoftext|>"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return render(tmp_path_factory.mktemp("tokens") / "gen", task="generation")
+
+
+@pytest.fixture(scope="module")
+def text(project) -> Path:
+    """About 60 kB of the project's synthetic sentences, with a few non-ASCII characters."""
+    path = project / "corpus.txt"
+    code = "from {pkg}.data import synthetic_text; print(synthetic_text(2000), end='')"
+    body = python(project, code).stdout
+    path.write_text(body.replace("the sea", "the séa ✓"))
+    return path
+
+
+def python(project: Path, code: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    """`python -c code` in the project's environment, {pkg} in `code` its package's name."""
+    package = next((project / "src").iterdir()).name
+    done = subprocess.run(
+        [_command(project, [])[0], "-c", code.format(pkg=package)],
+        cwd=project,
+        env=_env(project),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0 or not check, done.stderr
+    return done
+
+
+def prepare(project: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return run(project, "prepare", *args)
+
+
+def decoded(project: Path, folder: Path, split: str) -> str:
+    """The text of a prepared split, decoded by the folder's own tokenizer."""
+    code = (
+        "import json, numpy as np; from pathlib import Path\n"
+        "from {pkg}.tokens import load_tokenizer\n"
+        f"folder = Path({str(folder)!r}); meta = json.loads((folder / 'meta.json').read_text())\n"
+        "tok = load_tokenizer(folder / 'tokenizer.json', meta['tokenizer'])\n"
+        f"ids = np.fromfile(folder / '{split}.bin', dtype=meta['dtype']).tolist()\n"
+        "print(json.dumps(tok.decode(ids)))"
+    )
+    return json.loads(python(project, code).stdout)
+
+
+@pytest.mark.parametrize("tokenizer", ["char", "byte", "bpe"])
+def test_prepare_writes_token_files_that_decode_to_the_text(project, text, tokenizer):
+    out = project / "data" / f"one-{tokenizer}"
+    done = prepare(
+        project, "--data", text, "--tokenizer", tokenizer, "--vocab-size", "300", "--out", out
+    )
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["tokenizer"] == tokenizer and meta["dtype"] == "uint16"
+    assert meta["vocab_size"] == {"byte": 257, "bpe": 300}.get(
+        tokenizer, len(set(text.read_text())) + 1
+    )
+    for split in ("train", "val"):
+        assert (out / f"{split}.bin").stat().st_size == 2 * meta[f"{split}_tokens"]
+    assert meta["train_documents"] == meta["val_documents"] == 1  # one file: its tail is held out
+    train, val = decoded(project, out, "train"), decoded(project, out, "val")
+    assert train.endswith(EOT) and val.endswith(EOT)
+    assert train[: -len(EOT)] + val[: -len(EOT)] == text.read_text()  # lossless, in order
+    assert len(val) < len(train) / 5
+    n_bytes = len(text.read_bytes())
+    assert meta["train_bytes"] + meta["val_bytes"] == n_bytes
+    assert meta["bytes_per_token"] == pytest.approx(
+        n_bytes / (meta["train_tokens"] + meta["val_tokens"])
+    )
+    if tokenizer == "bpe":
+        assert meta["bytes_per_token"] > 1.5  # merges learnt
+    assert not list(out.parent.glob(".*partial"))
+
+
+def test_prepare_holds_out_whole_documents_of_a_folder_and_a_jsonl(project, tmp_path):
+    folder = tmp_path / "docs"
+    folder.mkdir()
+    for i in range(20):
+        (folder / f"{i:02d}.txt").write_text(f"document {i} says hello.\n" * 5)
+    (folder / "notes.md").write_text("not read")
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text(
+        "".join(json.dumps({"text": f"line {i} text"}) + "\n" for i in range(30)) + "\n"
+    )
+    for source, n_val in ((folder, 2), (lines, 3)):
+        out = tmp_path / f"out-{source.name}"
+        done = prepare(project, "--data", source, "--tokenizer", "byte", "--out", out)
+        assert done.returncode == 0, done.stderr
+        meta = json.loads((out / "meta.json").read_text())
+        assert (meta["train_documents"], meta["val_documents"]) == (10 * n_val - n_val, n_val)
+        val = decoded(project, out, "val").split(EOT)[:-1]
+        assert len(val) == n_val
+    assert val == ["line 9 text", "line 19 text", "line 29 text"]  # every tenth, by position
+    first = decoded(project, tmp_path / "out-docs", "val").split(EOT)[0]
+    assert first == "document 9 says hello.\n" * 5  # sorted by name
+
+
+def kill_then_resume(
+    project: Path, args: list[str], kill_after: int
+) -> subprocess.CompletedProcess:
+    kill_at_step(project, args, kill_after)
+    return run(project, *args)
+
+
+@pytest.mark.slow
+def test_train_on_a_prepared_folder_resumes_bit_exact_and_refuses_another(project, text):
+    data = project / "data" / "resume-bpe"
+    assert prepare(project, "--data", text, "--vocab-size", "300", "--out", data).returncode == 0
+    whole = run(project, "train", "--data", data, "--run-dir", "runs/whole", *RESUMABLE)
+    assert whole.returncode == 0, whole.stderr
+    resumed = kill_then_resume(
+        project, ["train", "--data", str(data), "--run-dir", "runs/killed", *RESUMABLE], 14
+    )
+    assert resumed.returncode == 0, resumed.stderr
+    assert "resuming from" in resumed.stdout
+    assert records(project / "runs/killed") == records(project / "runs/whole")
+    run_json = json.loads((project / "runs/whole/run.json").read_text())
+    assert json.dumps(run_json).count(json.loads((data / "meta.json").read_text())["digest"]) >= 1
+
+    other = text.read_text().replace("cat", "cow")
+    (project / "other.txt").write_text(other)
+    moved = data.with_name("moved")
+    data.rename(moved)
+    again = prepare(project, "--data", "other.txt", "--vocab-size", "300", "--out", data)
+    assert again.returncode == 0, again.stderr
+    refused = run(project, "train", "--data", data, "--run-dir", "runs/whole", *RESUMABLE)
+    _one_line_exit_2(refused, "digest")
+
+
+def test_a_worker_maps_the_token_file_itself(project, text):
+    data = project / "data" / "mapped"
+    assert prepare(project, "--data", text, "--tokenizer", "byte", "--out", data).returncode == 0
+    code = (
+        "import pickle; from {pkg}.config import Config; from {pkg}.data import load_splits\n"
+        f"ds = load_splits(Config(data={str(data)!r}, block_size=16)).train\n"
+        "x, y = ds[5]; assert ds._tokens is not None and (x[1:] == y[:-1]).all()\n"
+        "copy = pickle.loads(pickle.dumps(ds)); assert copy._tokens is None\n"
+        "assert (copy[5][0] == x).all() and copy._tokens is not None; print(len(ds))"
+    )
+    assert int(python(project, code).stdout) > 1000
+
+
+@pytest.mark.slow
+def test_bits_per_byte_in_every_val_record_and_sample_decodes_bpe(project, text):
+    data = project / "data" / "bpb-bpe"
+    assert prepare(project, "--data", text, "--vocab-size", "300", "--out", data).returncode == 0
+    steps = ("--max-steps", "20", "--eval-every", "10")
+    for name, source in (("char", text), ("bpe", data)):
+        done = run(
+            project, "train", "--data", source, "--run-dir", f"runs/bpb-{name}", *TINY, *steps
+        )
+        assert done.returncode == 0, done.stderr
+    char = [r for r in records(project / "runs/bpb-char") if r["split"] == "val"]
+    bpe = [r for r in records(project / "runs/bpb-bpe") if r["split"] == "val"]
+    assert len(char) == len(bpe) == 2
+    # A character of this text is one UTF-8 byte (but for the few accented ones): bits per byte
+    # is the loss in bits, a little less.
+    for r in char:
+        assert 0.9 * r["loss"] / math.log(2) < r["bits_per_byte"] < r["loss"] / math.log(2)
+    per_token = json.loads((data / "meta.json").read_text())["bytes_per_token"]
+    for r in bpe:  # a BPE token covers several bytes: bits per byte far below bits per token
+        assert r["bits_per_byte"] == pytest.approx(r["loss"] / math.log(2) / per_token, rel=0.1)
+        assert r["bits_per_byte"] < r["loss"] / math.log(2) / 1.5
+
+    best = "runs/bpb-bpe/checkpoints/best.pt"
+    done = run(
+        project, "sample", "--checkpoint", best, "--prompt", "The séa ✓", "--max-new-tokens", "30"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("The séa ✓") and len(done.stdout) > len("The séa ✓") + 10
+    unprompted = run(project, "sample", "--checkpoint", best)
+    assert unprompted.returncode == 0 and unprompted.stdout.startswith(EOT)  # a document's start
+
+
+def _one_line_exit_2(done: subprocess.CompletedProcess, *expected: str) -> None:
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
+    for part in expected:
+        assert part in done.stderr, done.stderr
+
+
+def test_bad_corpora_are_refused_in_one_line_with_nothing_written(project, tmp_path):
+    out = tmp_path / "out"
+    (tmp_path / "empty").mkdir()
+    _one_line_exit_2(prepare(project, "--data", tmp_path / "empty", "--out", out), "no .txt files")
+    bad = tmp_path / "docs"
+    bad.mkdir()
+    (bad / "a.txt").write_text("fine text\n" * 30)
+    (bad / "b.txt").write_bytes(b"good line\nthen \xff\xfe bad\n")
+    _one_line_exit_2(prepare(project, "--data", bad, "--out", out), str(bad / "b.txt"), "byte 15")
+    _one_line_exit_2(
+        prepare(project, "--data", bad / "a.txt", "--vocab-size", "256", "--out", out),
+        "at least 257",
+    )
+    lines = tmp_path / "bad.jsonl"
+    lines.write_text('{"text": "ok"}\n{"body": "no text"}\n')
+    _one_line_exit_2(prepare(project, "--data", lines, "--out", out), f"{lines}:2", '"text"')
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_bpe_without_the_tokenizers_package_is_one_line(project, text, tmp_path):
+    out = tmp_path / "out"
+    code = (
+        "import runpy, sys; sys.modules['tokenizers'] = None\n"  # as if it were not installed
+        f"sys.argv = ['{{pkg}}', 'prepare', '--data', '{text}', '--tokenizer', 'bpe', "
+        f"'--out', '{out}']\n"
+        "runpy.run_module('{pkg}', run_name='__main__')"
+    )
+    _one_line_exit_2(
+        python(project, code, check=False), "--tokenizer bpe needs the tokenizers package"
+    )
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
+def test_a_corpus_smaller_than_a_block_and_a_damaged_folder_are_refused(project, tmp_path):
+    small = tmp_path / "small.txt"
+    small.write_text("one two\nthree four five\nsix\nseven eight\n")
+    folder = tmp_path / "small"
+    done = prepare(
+        project, "--data", small, "--tokenizer", "char", "--val-fraction", "0.5", "--out", folder
+    )
+    assert done.returncode == 0, done.stderr
+    train = ("train", "--data", folder, "--run-dir", tmp_path / "run", *TINY, "--max-steps", "2")
+    _one_line_exit_2(run(project, *train), "windows of 16")
+    assert not (tmp_path / "run" / "metrics.jsonl").exists()
+
+    meta = json.loads((folder / "meta.json").read_text())
+    (folder / "meta.json").write_text(
+        json.dumps({**meta, "train_tokens": meta["train_tokens"] + 1})
+    )
+    _one_line_exit_2(run(project, *train), "train.bin", "meta.json says")
+    (folder / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "dtype"}))
+    _one_line_exit_2(run(project, *train), "no dtype")
+    (folder / "meta.json").unlink()
+    _one_line_exit_2(run(project, *train), "no meta.json")

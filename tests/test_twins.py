@@ -1,0 +1,104 @@
+"""Which checks each combination of the matrix gets (scaffold.matrix.twins), and the shards that
+keep a twin with its primary."""
+
+from __future__ import annotations
+
+import collections
+
+from scaffold import matrix
+from scaffold.combinations import combination_id
+
+
+def test_the_primaries_get_check_all_and_every_other_combination_is_their_twin():
+    combos = matrix.combinations()
+    plans = matrix.plans(combos)
+
+    by_id = {combination_id(c): c for c in combos}
+    primaries = [c for c, p in zip(combos, plans, strict=True) if p.which == "all"]
+    assert primaries and all(c["tracker"] == "none" and c["device"] == "cpu" for c in primaries)
+    for answers, plan in zip(combos, plans, strict=True):
+        if plan.which == "all":
+            continue
+        primary = by_id[plan.primary]
+        differs = {k for k in answers if answers[k] != primary[k]}
+        assert differs and differs <= {"tracker", "device"}
+        # a cross (a tracker on another device) runs check init; its two halves, each differing
+        # in one answer, run the resume check
+        assert plan.which == ("init" if differs == {"tracker", "device"} else "resume")
+        assert plan.options == ({"no_compile": None} if answers["compile"] else {})
+    # every family (the answers twins share) has exactly one primary
+    families = collections.Counter(matrix.family(c) for c in primaries)
+    assert set(families.values()) == {1}
+    assert set(families) == {matrix.family(c) for c in combos}
+
+
+def test_a_twin_without_its_primary_in_the_run_gets_every_check():
+    combos = matrix.select(matrix.combinations(), ["tracker=wandb"])
+    assert combos and {p.which for p in matrix.plans(combos)} == {"all"}
+
+    slice_ = matrix.select(matrix.combinations(), ["task=custom", "precision=bf16"])
+    plans = matrix.plans(slice_)
+    assert {p.which for p in plans} == {"all", "resume", "init"}
+    assert {p.which for p in matrix.plans(slice_, full=True)} == {"all"}
+
+    # without the device twins (tracker none), a tracker on cuda runs its own resume check
+    custom = matrix.select(matrix.combinations(), ["task=custom"])
+    no_device_twins = [c for c in custom if c["tracker"] != "none" or c["device"] == "cpu"]
+    plans = matrix.plans(no_device_twins)
+    assert {p.which for p in plans} == {"all", "resume"}
+
+
+def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
+    combos = matrix.combinations()
+    plans = matrix.plans(combos)
+    crosses = [c for c, p in zip(combos, plans, strict=True) if p.which == "init"]
+    assert crosses
+    assert all(c["tracker"] != "none" and c["device"] != "cpu" for c in crosses)
+    assert len(crosses) == sum(c["tracker"] != "none" and c["device"] != "cpu" for c in combos)
+    kinds = [plans[i].which for i in matrix.schedule(combos, plans)]
+    assert set(kinds[kinds.index("init") :]) == {"init"}
+
+
+def test_with_the_checks_on_the_projects_own_device_only_the_tracker_makes_twins():
+    combos = matrix.select(matrix.combinations(), ["device=cuda"])
+    plans = matrix.plans(combos, native_device=True)
+
+    primaries = [c for c, p in zip(combos, plans, strict=True) if p.which == "all"]
+    assert {c["device"] for c in primaries} == {"cuda"}
+    assert {c["tracker"] for c in primaries} == {"none"}
+    assert len(primaries) == len(combos) // 4  # one of the four trackers
+
+
+def test_shards_partition_the_matrix_and_keep_each_family_together():
+    combos = matrix.combinations()
+    shards = [matrix.shard(combos, f"{i}/8", key=matrix.family) for i in range(1, 9)]
+
+    dealt = [combination_id(c) for s in shards for c in s]
+    assert sorted(dealt) == sorted(combination_id(c) for c in combos)
+    homes = collections.defaultdict(set)
+    for i, s in enumerate(shards):
+        for c in s:
+            homes[matrix.family(c)].add(i)
+    assert all(len(h) == 1 for h in homes.values())
+    # every twin's primary is in its shard: no shard falls back to check all for its twins
+    for s in shards:
+        assert sum(p.which == "all" for p in matrix.plans(s)) == len({matrix.family(c) for c in s})
+    sizes = [len(s) for s in shards]
+    assert max(sizes) < 1.5 * min(sizes)
+
+
+def test_the_slow_checks_start_first_and_the_twins_last():
+    combos = matrix.combinations()
+    plans = matrix.plans(combos)
+    order = matrix.schedule(combos, plans)
+
+    assert sorted(order) == list(range(len(combos)))
+    families = {tuple(c[k] for k in matrix.COMPILE_FAMILY) for c in combos if c["compile"]}
+    first = [combos[i] for i in order[: len(families)]]
+    assert all(c["compile"] for c in first)
+    assert all(plans[i].which == "all" for i in order[: len(families)])
+    assert {tuple(c[k] for k in matrix.COMPILE_FAMILY) for c in first} == families
+    kinds = [plans[i].which for i in order]
+    twins_start = kinds.index("resume")
+    assert set(kinds[twins_start:]) == {"resume", "init"}
+    assert "all" not in kinds[twins_start:]
