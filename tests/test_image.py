@@ -298,6 +298,7 @@ def test_ddp_ranks_validate_with_rank_0s_batchnorm_statistics_so_resume_is_exact
     Without that, the resume check's validation losses differ: it catches the bug."""
     project = render(tmp_path / "bn", task="image", device="cpu", distributed="ddp")
     sizes = ("--batch-size", "8", "--val-fraction", "0.1", "--width", "8", "--image-size", "16")
+    sizes += ("--num-workers", "2")  # workers under ddp, which the default leaves out on 2 CPUs
     done = run(project, "check", "resume", "--device", "cpu", *sizes)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "validation losses equal" in done.stdout
