@@ -116,6 +116,8 @@ def check_batch_independence(cfg: Config) -> CheckResult:
     else:  # token ids have no gradient: change the other examples' inputs instead
         method, leaks = "outputs with the other inputs changed", []
         other = batches[-1][0].roll(1, dims=0) if len(batches) > 1 else x.roll(1, dims=0)
+        if other.shape != x.shape:  # padded to another length: the same examples, other tokens
+            other = (x + 1) % (int(x.max()) + 1)
         with torch.no_grad():
             output = model(x)
             for i in (0, n - 1):

@@ -13,7 +13,8 @@ nothing else, so a dataset of your own works if it keeps to this):
   examples: `len(ds)`, and `ds[i] -> (input, target)` as tensors (an ImageFolder-style dataset
   is one). The validation split is never trained on and is the same for every --seed.
 - Optionally `ds.__getitems__(indices)`: a whole batch at once (an int64 tensor of indices in,
-  the stacked `(inputs, targets)` out), which keeps in-memory data fast.
+  the stacked `(inputs, targets)` out), which keeps in-memory data fast; or `ds.collate(samples)`:
+  how a list of `ds[i]` becomes a batch where stacking cannot (examples of different lengths).
 - Randomness inside a sample (augmentation, random crops) drawn from
   `loader.sample_rng(seed, self.epoch, i)`, never from the global RNGs: the loader sets
   `ds.epoch` before each batch, so the numbers stay the same for any number of workers and

@@ -56,11 +56,13 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
 
 def read_batch(dataset: Dataset, indices: torch.Tensor):
     """The examples at `indices` as one batch: at once through `__getitems__` where the dataset
-    has it (in-memory data, to stay fast), else one `dataset[i]` at a time, then stacked."""
+    has it (in-memory data, to stay fast), else one `dataset[i]` at a time, then joined by the
+    dataset's `collate` (variable-length examples padded, say), by default stacked."""
+    collate = getattr(dataset, "collate", default_collate)
     if hasattr(dataset, "__getitems__"):
         samples = dataset.__getitems__(indices)
-        return samples if isinstance(samples, tuple) else default_collate(samples)
-    return default_collate([dataset[i] for i in indices.tolist()])
+        return samples if isinstance(samples, tuple) else collate(samples)
+    return collate([dataset[i] for i in indices.tolist()])
 
 
 class EpochDataset(Dataset):
