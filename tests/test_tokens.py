@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import subprocess
 from pathlib import Path
 
@@ -257,3 +258,30 @@ def test_a_corpus_smaller_than_a_block_and_a_damaged_folder_are_refused(project,
     _one_line_exit_2(run(project, *train), "no dtype")
     (folder / "meta.json").unlink()
     _one_line_exit_2(run(project, *train), "no meta.json")
+
+
+def test_a_vocabulary_past_uint16_writes_uint32_tokens_that_train_and_decode(project, tmp_path):
+    """70,000 distinct characters (CJK and beyond) make a char vocabulary past uint16."""
+    chars = [
+        chr(c) for c in range(0x4E00, 0x30000) if chr(c).isprintable() and not chr(c).isspace()
+    ]
+    chars = chars[:70_000]
+    assert len(chars) > 1 << 16
+    rng = random.Random(0)
+    body = "".join(chars) + "".join(rng.choice(chars[:50]) for _ in range(4000))
+    corpus = tmp_path / "wide.txt"
+    corpus.write_text("\n".join(body[i : i + 60] for i in range(0, len(body), 60)) + "\n")
+    out = tmp_path / "wide"
+    done = prepare(project, "--data", corpus, "--tokenizer", "char", "--out", out)
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((out / "meta.json").read_text())
+    assert meta["dtype"] == "uint32" and meta["vocab_size"] > 1 << 16
+    for split in ("train", "val"):
+        assert (out / f"{split}.bin").stat().st_size == 4 * meta[f"{split}_tokens"]
+    train, val = decoded(project, out, "train"), decoded(project, out, "val")
+    assert train[: -len(EOT)] + val[: -len(EOT)] == corpus.read_text()  # ids past 65,535 intact
+    steps = ("--max-steps", "3", "--eval-every", "3", "--n-embd", "16", "--n-head", "2")
+    done = run(project, "train", "--data", out, "--run-dir", tmp_path / "run", *TINY, *steps)
+    assert done.returncode == 0, done.stderr
+    val_records = [r for r in records(tmp_path / "run") if r["split"] == "val"]
+    assert val_records and math.isfinite(val_records[-1]["loss"])
