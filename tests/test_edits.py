@@ -195,8 +195,8 @@ def test_keyed_augmentation_resumes_exactly_and_global_randomness_fails(tmp_path
     # Noise drawn from the global RNG instead: a resumed run (whose workers' RNGs restart) drifts.
     _edit(
         project / "src" / "aug" / "data.py",
-        "generator=sample_rng(self.seed, self.epoch, i)",
-        "",
+        "torch.randn(shape, generator=generator)",
+        "torch.randn(shape)",
     )
     done = run(project, "check", "resume", "--input-noise", "0.1", "--num-workers", "1")
     assert done.returncode == 1

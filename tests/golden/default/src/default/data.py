@@ -154,7 +154,8 @@ def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    x, y = read_npz_pair(path)
+    arrays = read_npz(path)
+    x, y = arrays["x"], arrays["y"]
     if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
         raise DataError(f"{path}: x and y must be numeric, got {x.dtype} and {y.dtype}")
     return x, y
@@ -189,22 +190,24 @@ def _is_number(cell: str) -> bool:
     return True
 
 
-def read_npz_pair(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Arrays x (N, F) and y (N,) of a .npz file, never unpickled, or a DataError in one line."""
+def read_npz(path: Path, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Arrays x (N, F) and y (N,) of a .npz file, and those of `optional` it holds, never
+    unpickled, or a DataError in one line."""
     try:
         with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
             missing = [key for key in ("x", "y") if key not in arrays.files]
             if missing:
                 found = ", ".join(arrays.files[:10]) or "none"
                 raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {found}")
-            x, y = arrays["x"], arrays["y"]
+            found = {key: arrays[key] for key in ("x", "y", *optional) if key in arrays.files}
     except DataError:
         raise
     except Exception as error:  # not a zip, a truncated one, or object arrays (refused unread)
         raise DataError(f"{path}: not a readable .npz file of numeric arrays ({error})") from None
-    if x.ndim != 2 or y.shape != (len(x),):
+    x, y = found["x"], found["y"]
+    if x.ndim != 2 or y.ndim != 1 or (len(found) == 2 and len(y) != len(x)):  # else its caller checks
         raise DataError(f"{path}: need x of shape (N, F) and y of shape (N,), got {x.shape} and {y.shape}")
-    return x, y
+    return found
 
 
 # Values beyond this magnitude are refused: float32 statistics of them (sums of squares over a

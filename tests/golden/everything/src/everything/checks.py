@@ -2,7 +2,7 @@
 
     python -m everything check all      # every check, then the summary
     python -m everything check overfit  # memorises one batch of 8
-    python -m everything check batch    # examples do not mix
+    python -m everything check batch    # examples do not mix, nor read padding
     python -m everything check init     # the loss at init is as expected
     python -m everything check loader   # loading keeps up with training
     python -m everything check resume   # the same losses, bit for bit
@@ -37,6 +37,7 @@ OVERFIT_EXAMPLES = 8
 OVERFIT_MAX_STEPS = 300
 OVERFIT_WARMUP = 10  # steps: the run's long warmup would spend the check's steps at a tiny rate
 BATCH_CHECK_EXAMPLES = 4  # examples whose outputs are tested for dependence on each other
+PADDING_CHECK_EXAMPLES = 64  # where examples are padded: the shortest and longest of these
 INIT_LOSS_FACTOR = 1.5  # the loss at init may differ from initial_loss() by this factor either way
 INIT_BATCHES = 4  # training batches averaged for the loss at initialisation
 LOADER_WARN_SHARE = 0.10
@@ -135,9 +136,33 @@ def check_batch_independence(cfg: Config) -> CheckResult:
     if leaks:
         i, j = leaks[0]
         detail += f"example {i}'s loss depends on example {j}'s input: something mixes the batch dimension"
-    else:
-        detail += "no example depends on another"
-    return CheckResult("batch", not leaks, detail)
+        return CheckResult("batch", False, detail)
+    detail += "no example depends on another"
+    padding = padding_leak(model, splits.train, device) if hasattr(splits.train, "collate") else None
+    if padding:
+        return CheckResult("batch", False, f"{detail}; but {padding}")
+    return CheckResult("batch", True, detail + ("; nor on its padding" if padding == "" else ""))
+
+
+def padding_leak(model: torch.nn.Module, dataset, device: torch.device) -> str | None:
+    """Where the dataset pads examples of different lengths (`collate`), the shortest of the first
+    PADDING_CHECK_EXAMPLES alone and beside the longest, so padded further: the same loss, or what
+    differs. Empty when they match; None when every example pads to the same length."""
+    samples = [dataset[i] for i in range(min(len(dataset), PADDING_CHECK_EXAMPLES))]
+    short = min(samples, key=lambda sample: len(sample[0]))
+    long = max(samples, key=lambda sample: len(sample[0]))
+    alone = tuple(t.to(device) for t in dataset.collate([short]))
+    beside = tuple(t.to(device) for t in dataset.collate([short, long]))
+    if alone[0].shape == beside[0].shape:
+        return None
+    with torch.no_grad():
+        losses = [compute_loss(model(x)[:1], y[:1]).item() for x, y in (alone, beside)]
+    if abs(losses[0] - losses[1]) <= 1e-5 * (1 + abs(losses[0])):
+        return ""
+    return (
+        f"an example's loss is {losses[0]:.6g} padded to length {alone[0].shape[1]} and {losses[1]:.6g}"
+        f" padded to {beside[0].shape[1]}: the model reads the padding (mask it, or keep it causal)"
+    )
 
 
 def check_initial_loss(cfg: Config) -> CheckResult:

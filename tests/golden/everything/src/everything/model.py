@@ -1,5 +1,6 @@
 """Model, loss and validation metrics: yours to replace. The example is a small MLP for the curve
-in data.py, trained with mean squared error.
+in data.py, trained with mean squared error; for sequences, an MLP over the running mean of the
+encoded rows, a causal model, so the padding after a sequence never reaches its outputs.
 
 What the rest of the project needs from this file:
 
@@ -13,7 +14,7 @@ What the rest of the project needs from this file:
   each batch with its compute_loss; `compute()` returns a dict with "loss" (used for early
   stopping and best.pt) and any other figures you want logged.
 - The output's first dimension is the batch, and no example's output may depend on another
-  example's input (`check batch` proves it).
+  example's input, nor on the padding after it (`check batch` proves both).
 """
 
 import torch
@@ -21,34 +22,59 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import Config
-from .data import Splits
+from .data import SequenceDataset, Splits
+
+
+def mlp(width: int, hidden_dim: int, n_layers: int, dropout: float, out: int) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for _ in range(n_layers):
+        layers += [nn.Linear(width, hidden_dim), nn.GELU(), nn.Dropout(dropout)]
+        width = hidden_dim
+    return nn.Sequential(*layers, nn.Linear(width, out))
 
 
 class CurveModel(nn.Module):
     def __init__(self, n_inputs: int, hidden_dim: int, n_layers: int, dropout: float) -> None:
         super().__init__()
-        layers: list[nn.Module] = []
-        width = n_inputs
-        for _ in range(n_layers):
-            layers += [nn.Linear(width, hidden_dim), nn.GELU(), nn.Dropout(dropout)]
-            width = hidden_dim
-        self.net = nn.Sequential(*layers, nn.Linear(width, 1))
+        self.net = mlp(n_inputs, hidden_dim, n_layers, dropout, out=1)
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         return self.net(inputs).squeeze(-1)  # (B, F) -> (B,)
 
 
+class SequenceModel(nn.Module):
+    """Row t's output from the mean of the encoded rows 1..t: it reads no later row."""
+
+    def __init__(self, n_inputs: int, hidden_dim: int, n_layers: int, dropout: float) -> None:
+        super().__init__()
+        self.encode = mlp(n_inputs, hidden_dim, 1, dropout, out=hidden_dim)
+        self.head = mlp(hidden_dim, hidden_dim, n_layers - 1, dropout, out=1)
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        encoded = self.encode(inputs)  # (B, T, F) -> (B, T, H)
+        rows = torch.arange(1, inputs.shape[1] + 1, device=inputs.device)
+        running = encoded.cumsum(dim=1) / rows[:, None]
+        return self.head(running).squeeze(-1)  # (B, T)
+
+
 def build_model(cfg: Config, splits: Splits) -> nn.Module:
-    return CurveModel(splits.train.inputs.shape[1], cfg.hidden_dim, cfg.n_layers, cfg.dropout)
+    model = SequenceModel if isinstance(splits.train, SequenceDataset) else CurveModel
+    return model(splits.train.inputs.shape[1], cfg.hidden_dim, cfg.n_layers, cfg.dropout)
 
 
 def compute_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    return F.mse_loss(output.float(), targets)
+    """Of sequences, (B, T): the mean over each one's rows with a target (NaN: none, the padding
+    included), then over the batch, so a long sequence weighs as much as a short one."""
+    if targets.ndim == 1:
+        return F.mse_loss(output.float(), targets)
+    labelled = ~targets.isnan()
+    squared = torch.where(labelled, output.float() - targets, 0).square()
+    return (squared.sum(dim=1) / labelled.sum(dim=1)).mean()
 
 
 def initial_loss(splits: Splits) -> float:
     """The mean squared target: the outputs of the untrained model start near 0."""
-    return float(splits.train.targets.square().mean())
+    return float(splits.train.targets.square().nanmean())
 
 
 def overfit_target(first_loss: float) -> float:
@@ -58,14 +84,15 @@ def overfit_target(first_loss: float) -> float:
 
 class Metrics:
     def __init__(self, splits: Splits, device: torch.device) -> None:
-        self.sums = torch.zeros(2, device=device)  # loss x examples, absolute error
+        self.sums = torch.zeros(3, device=device)  # loss x examples, absolute error, targets
         self.count = torch.zeros((), device=device, dtype=torch.long)
 
     def update(self, output: torch.Tensor, targets: torch.Tensor, loss: torch.Tensor) -> None:
-        error = output.float() - targets
-        self.sums += torch.stack([loss * len(targets), error.abs().sum()])
+        labelled = ~targets.isnan()  # all of them but a sequence's rows without a target
+        error = torch.where(labelled, output.float() - targets, 0).abs()
+        self.sums += torch.stack([loss * len(targets), error.sum(), labelled.sum()])
         self.count += len(targets)
 
     def compute(self) -> dict[str, float]:
-        (loss, absolute), count = self.sums.tolist(), self.count.item()
-        return {"loss": loss / count, "mae": absolute / count}
+        (loss, absolute, targets), count = self.sums.tolist(), self.count.item()
+        return {"loss": loss / count, "mae": absolute / targets}
