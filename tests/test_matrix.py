@@ -6,6 +6,7 @@ do for a fresh interpreter."""
 from __future__ import annotations
 
 import concurrent.futures
+import json
 import subprocess
 import sys
 import time
@@ -75,7 +76,8 @@ def _check_fake(folder: Path, mode: str, ddp: bool, timeout: float | None) -> tu
         timeout=timeout,
         fork=True,
     )
-    return runner._run_check_forked(project, job)
+    command = runner._check_command(project, job)
+    return runner._run_forked(project, job, command, "check.log", ranks=2 if ddp else 1)
 
 
 def _in_worker(*args) -> tuple[int, str]:
@@ -219,3 +221,24 @@ def test_each_compile_family_starts_once_before_the_rest():
     assert {tuple(c[k] for k in matrix.COMPILE_FAMILY) for c in first} == families
     rest = order[len(families) :]
     assert rest == sorted(rest)
+
+
+def test_generation_checks_run_on_a_folder_its_own_prepare_wrote(tmp_path):
+    """bf16 with accumulation: BPE token files, trained with --documents; the resume check's run
+    records the prepared folder, its tokenizer and digest."""
+    only = ["task=generation", "tracker=none", "device=cpu", "precision=bf16"]
+    combos = matrix.select(
+        matrix.combinations(), [*only, "grad_accum_steps=4", "compile=no", "distributed=none"]
+    )
+
+    [outcome] = matrix.run_matrix(combos, jobs=1, workdir=tmp_path, keep=True, timeout=600)
+
+    assert outcome.passed, outcome.tail()
+    assert set(outcome.seconds) == {"render", "lint", "prepare", "check"}
+    project = tmp_path / "0000" / runner.LONGEST_NAME
+    meta = json.loads((project / runner.PREPARED / "meta.json").read_text())
+    record = json.loads((project / "runs/check/resume/uninterrupted/run.json").read_text())
+    assert meta["tokenizer"] == "bpe" and meta["train_documents"] == 1350
+    assert record["data"]["source"] == runner.PREPARED
+    assert record["data"]["digest"] == meta["digest"] and record["config"]["documents"] is True
+    assert "nor on its padding" in (tmp_path / "0000" / "check.log").read_text()

@@ -11,7 +11,7 @@ from xml.etree import ElementTree
 if TYPE_CHECKING:
     from scaffold.matrix.runner import Outcome
 
-STEPS = ("render", "lint", "check")
+STEPS = ("render", "lint", "prepare", "check")  # prepare: the generation task's token folder
 
 
 def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
