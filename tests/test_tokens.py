@@ -285,3 +285,35 @@ def test_a_vocabulary_past_uint16_writes_uint32_tokens_that_train_and_decode(pro
     assert done.returncode == 0, done.stderr
     val_records = [r for r in records(tmp_path / "run") if r["split"] == "val"]
     assert val_records and math.isfinite(val_records[-1]["loss"])
+
+
+def test_the_epoch_order_is_a_keyed_bijection_that_takes_no_memory(project):
+    """A prepared corpus has a window at every token: its epoch order is worked out per batch
+    (loader.Shuffle), never as an array of every window, and a resumed epoch's batches are the
+    uninterrupted epoch's."""
+    code = """
+import json, tracemalloc, numpy as np
+from {pkg}.loader import EpochBatches, Shuffle
+sizes = (1, 2, 3, 7, 64, 1000, 4099)
+bijective = all(sorted(Shuffle(n, 0, 0)[np.arange(n)].tolist()) == list(range(n)) for n in sizes)
+a, b, c = (Shuffle(5000, s, e)[np.arange(5000)] for s, e in ((0, 0), (0, 1), (1, 0)))
+tracemalloc.start()
+batches = EpochBatches(10**9, 256, seed=0)
+batches.set_epoch(3)
+whole = [indices for _, (_, indices) in zip(range(80), batches)]
+batches.set_epoch(3, start=70)
+resumed = [indices for _, (_, indices) in zip(range(10), batches)]
+peak = tracemalloc.get_traced_memory()[1]
+seen = np.concatenate([w.numpy() for w in whole])
+print(json.dumps([bijective, float((a != b).mean()), float((a != c).mean()),
+                  all((r == w).all().item() for r, w in zip(resumed, whole[70:])),
+                  len(set(seen.tolist())), int(seen.min()), int(seen.max()), peak]))
+"""
+    done = python(project, code)
+
+    bijective, other_epoch, other_seed, resumed, distinct, low, high, peak = json.loads(done.stdout)
+    assert bijective
+    assert other_epoch > 0.99 and other_seed > 0.99  # each epoch and seed its own order
+    assert resumed
+    assert distinct == 80 * 256 and low >= 0 and high < 10**9 and high > 10**8  # spread over all
+    assert peak < 2_000_000  # bytes: a permutation of 1e9 windows would be 8 GB

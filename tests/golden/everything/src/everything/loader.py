@@ -24,6 +24,44 @@ def sample_rng(seed: int, epoch: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
 
 
+class Shuffle:
+    """A random permutation of range(n) keyed by (seed, epoch), worked out for the positions
+    asked, so an epoch's order takes no memory whatever n is (an array of a billion window starts
+    would take 8 GB, and seconds to shuffle at every epoch). `order[positions]` is the example
+    at each position: a 4-round Feistel network over the smallest even power of two >= n, each
+    result outside range(n) sent through it again until it lands inside (a bijection still)."""
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, seed: int, epoch: int) -> None:
+        self.n = n
+        bits = max(2, (n - 1).bit_length())
+        self.half = np.uint64((bits + 1) // 2)
+        self.mask = np.uint64((1 << int(self.half)) - 1)
+        key = hashlib.blake2b(f"{seed}:{epoch}".encode(), digest_size=8 * self.ROUNDS).digest()
+        self.keys = np.frombuffer(key, dtype=np.uint64)
+
+    def __getitem__(self, positions: np.ndarray) -> np.ndarray:
+        out = self._permute(np.asarray(positions, dtype=np.uint64))
+        while (outside := out >= self.n).any():
+            out[outside] = self._permute(out[outside])
+        return out.astype(np.int64)
+
+    def _permute(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self.half, x & self.mask
+        for key in self.keys:
+            left, right = right, left ^ (_mix(right ^ key) & self.mask)
+        return (left << self.half) | right
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, its two multipliers written in decimal: every bit of the result
+    depends on every bit of x. uint64 arithmetic wraps, as it should."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(13787848793156543929)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(10723151780598845931)
+    return x ^ (x >> np.uint64(31))
+
+
 class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
     """Training batches of a shuffled epoch as (epoch, indices), dropping the last partial one.
 
@@ -32,6 +70,8 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
     Each rank takes its slice of every global batch of world_size x batch_size examples, so N
     processes with batch B see exactly the examples one process with batch N x B would.
     """
+
+    AHEAD = 64  # batches whose examples are worked out at once: numpy's cost is per call
 
     def __init__(self, n_examples: int, batch_size: int, seed: int, rank: int, world_size: int) -> None:
         self.n_examples = n_examples
@@ -53,10 +93,13 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
         return self.batches_per_epoch() - self.start
 
     def __iter__(self):
-        order = torch.from_numpy(np.random.default_rng([self.seed, self.epoch]).permutation(self.n_examples))
-        for b in range(self.start, self.batches_per_epoch()):
-            first = (b * self.world_size + self.rank) * self.batch_size
-            yield self.epoch, order[first : first + self.batch_size]
+        order = Shuffle(self.n_examples, self.seed, self.epoch)
+        batches = range(self.start, self.batches_per_epoch())
+        for i in range(0, len(batches), self.AHEAD):
+            ahead = batches[i : i + self.AHEAD]
+            firsts = [(b * self.world_size + self.rank) * self.batch_size for b in ahead]
+            positions = np.add.outer(firsts, np.arange(self.batch_size))  # (batches, B)
+            yield from ((self.epoch, indices) for indices in torch.from_numpy(order[positions]))
 
 
 def read_batch(dataset: Dataset, indices: torch.Tensor):
