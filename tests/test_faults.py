@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import snapshot
 from test_project import _command, _env, records, render
 
 FAULTS = Path(__file__).resolve().parent / "fault_inject"
@@ -1154,6 +1155,57 @@ def test_a_file_where_the_checkpoints_go_is_one_line(project, tmp_path, tally):
     assert is_clean_error(done), done.stderr
     assert "checkpoints is a file, where the checkpoints go" in done.stderr
     assert (tmp_path / "run" / "checkpoints").read_text() == "someone's notes\n"
+    assert os.listdir(tmp_path / "run") == ["checkpoints"]  # no lock file left
+
+
+# Writes that fail as a run starts ({run}: the run folder): in the checks of the folder (a
+# probe file in checkpoints/), and in run.json.
+START_FAULTS = {
+    "ENOSPC-writing-run.json": (
+        {"at": "write", "match": ".run.json.tmp", "nth": 1, "do": "ENOSPC"},
+        f"cannot write {{run}}/run.json: {NO_SPACE}",
+    ),
+    "EROFS-making-checkpoints": (
+        {"readonly": "{run}/checkpoints"},
+        f"cannot write to run folder {{run}}: {READ_ONLY}",
+    ),
+    "ENOSPC-probing-the-folder": (
+        {"at": "write", "match": ".write-test", "nth": 1, "do": "ENOSPC"},
+        f"cannot write to run folder {{run}}: {NO_SPACE}",
+    ),
+}
+FAST_START_FAULT = "ENOSPC-writing-run.json"
+
+
+@pytest.mark.parametrize("folder", ["new", "the-users"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(key, marks=() if key == FAST_START_FAULT else pytest.mark.slow)
+        for key in START_FAULTS
+    ],
+)
+def test_a_write_failing_at_start_up_is_one_line_and_leaves_nothing(
+    project, tmp_path, tally, case, folder
+):
+    """They left the run folder behind, with its lock file and checkpoints/ in it."""
+    tally[SUITE]["inputs tried"] += 1
+    tally[SUITE]["faults injected"] += 1
+    if folder == "new":  # two levels of folders made by this start
+        run_dir = tmp_path / "runs" / "exp1"
+    else:
+        run_dir = tmp_path / "mine"
+        run_dir.mkdir()
+        (run_dir / "notes.txt").write_text("the user's\n")
+    before = snapshot(tmp_path)
+    fault, expected = START_FAULTS[case]
+    fault = {k: v.format(run=run_dir) if isinstance(v, str) else v for k, v in fault.items()}
+
+    done = train(project, run_dir, fault=fault)
+
+    assert is_clean_error(done), done.stderr
+    assert expected.format(run=run_dir) in done.stderr
+    assert snapshot(tmp_path) == before
 
 
 def test_a_ranks_rng_state_is_its_own_gpus_alone(tmp_path, tally, monkeypatch):
