@@ -1038,9 +1038,25 @@ DAMAGED_RECORDS = {
     "run.json-deleted": ("run.json", None, "is missing"),
     "run.json-garbage": ("run.json", b"\x00\xff not json", "is damaged (not JSON)"),
     "run.json-wrong-shape": ("run.json", b"123\n", "is damaged (not a run record)"),
+    "run.json-other-object": (
+        "run.json",
+        b'{"foo": 1}\n',
+        "is damaged (no valid project, seed, config, git, versions, ...)",
+    ),
+    "run.json-wrong-inner-shapes": (  # report, diagnose and resumes read these: tracebacks
+        "run.json",
+        lambda old: json.dumps({**json.loads(old), "git": {"commit": 5}, "resumed": 5}).encode(),
+        "is damaged (no valid git.commit, git.dirty, resumed)",
+    ),
     "metrics-wrong-shapes": (
         "metrics.jsonl",
         b'123\n{"foo": 1}\n\xff\xfe not utf-8\n',
+        "3 damaged lines (21, 22, 23)",
+    ),
+    "metrics-records-of-wrong-shapes": (  # the first was kept as step 21's record
+        "metrics.jsonl",
+        b'{"step": 21, "split": "train", "loss": 1.0}\n{"step": 21, "split": "val", "loss": "x"}\n'
+        b'{"step": true, "split": "val", "loss": 1.0}\n',
         "3 damaged lines (21, 22, 23)",
     ),
 }
@@ -1060,6 +1076,8 @@ def test_damaged_run_records_are_repaired_on_resume_and_named_by_report(
     path = run_dir / name
     if damage is None:
         path.unlink()
+    elif callable(damage):
+        path.write_bytes(damage(path.read_bytes()))
     elif name == "metrics.jsonl":  # inserted between step 20's records and the rest
         lines = path.read_bytes().splitlines(keepends=True)
         path.write_bytes(b"".join(lines[:20]) + damage + b"".join(lines[20:]))
@@ -1089,6 +1107,28 @@ def test_damaged_run_records_are_repaired_on_resume_and_named_by_report(
     else:
         assert f"warning: {path}: {said} dropped" in done.stderr
     assert same_records(run_dir, reference, tally)
+    assert run(project, "report", run_dir).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_deleted_metrics_file_is_named_by_report_and_by_the_resume(project, tmp_path, tally):
+    """The resume went on silently without the records it had lost."""
+    run_dir = tmp_path / "run"
+    tally[SUITE]["inputs tried"] += 1
+    killed_after_step_40(project, run_dir)
+    (run_dir / "metrics.jsonl").unlink()
+
+    for command, code in (("report", 1), ("diagnose", 2)):
+        shown = run(project, command, run_dir)
+        assert is_clean_error(shown, code=code), shown.stderr
+        assert f"cannot read {run_dir / 'metrics.jsonl'}: No such file or directory" in shown.stderr
+    done = train(project, run_dir)
+
+    assert done.returncode == 0, done.stderr
+    lost = "is missing: the records up to step 40 are lost"
+    assert done.stderr == f"warning: {run_dir / 'metrics.jsonl'} {lost}\n"
+    steps = [r["step"] for r in records(run_dir) if r["split"] == "train"]
+    assert steps == list(range(41, MAX_STEPS + 1))
     assert run(project, "report", run_dir).returncode == 0
 
 

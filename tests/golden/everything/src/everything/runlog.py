@@ -110,6 +110,8 @@ class RunLog:
         try:
             data = self.metrics_path.read_bytes()
         except FileNotFoundError:
+            lost = f"the records up to step {step} are lost"
+            print(f"warning: {self.metrics_path} is missing: {lost}", file=sys.stderr)
             data = b""
         except OSError as error:
             raise RunDirError(f"cannot read {self.metrics_path}: {error.strerror}") from None
@@ -221,8 +223,19 @@ class RunRecordError(RuntimeError):
     """run.json is missing or is not a run record."""
 
 
-# What every run.json holds (report, diagnose and resumes read them).
-RECORD_FIELDS = {"project": str, "config": dict, "git": dict, "versions": dict}
+NUMBER = int | float
+# What report, diagnose and resumes read from run.json, and its type ("?": may be absent); a record
+# that lacks a part, or holds something else there, is damaged. A list: each item of that shape.
+RECORD_SHAPE = {
+    "project": str,
+    "seed": int,
+    "config": {"max_steps": int, "lr": NUMBER, "warmup_steps": int, "patience": int, "dropout": NUMBER},
+    "git": {"commit": str | None, "dirty": bool},
+    "versions": {"torch": str},
+    "resumed": [{"at_step": int}],
+    "finished?": {"step": int, "examples_per_s": NUMBER, "data_wait_share?": NUMBER},
+    "tracker?": {"logged_through": int},
+}
 
 
 def run_record(cfg: Config, data: dict, precision: str) -> dict:
@@ -254,10 +267,30 @@ def read_record(run_dir: Path) -> dict:
         raise RunRecordError(f"{path} is damaged (not JSON)") from None
     if not isinstance(record, dict):
         raise RunRecordError(f"{path} is damaged (not a run record)")
-    wrong = [name for name, kind in RECORD_FIELDS.items() if not isinstance(record.get(name), kind)]
+    wrong = _misshapen(record, RECORD_SHAPE)
     if wrong:
-        raise RunRecordError(f"{path} is damaged (no valid {', '.join(wrong)})")
+        shown = ", ".join(wrong[:5]) + (", ..." if len(wrong) > 5 else "")
+        raise RunRecordError(f"{path} is damaged (no valid {shown})")
     return record
+
+
+def _misshapen(value, shape, name: str = "") -> list[str]:
+    """The names of the parts of `value` (itself `name`) that do not have `shape`."""
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return [name]
+        return [
+            wrong
+            for key, part in shape.items()
+            if not key.endswith("?") or key[:-1] in value
+            for wrong in _misshapen(value.get(key.rstrip("?")), part, f"{name}.{key.rstrip('?')}".lstrip("."))
+        ]
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return [name]
+        return [wrong for i, item in enumerate(value) for wrong in _misshapen(item, shape[0], f"{name}[{i}]")]
+    is_bool = isinstance(value, bool)  # a bool is an int to isinstance
+    return [] if isinstance(value, shape) and (is_bool == (shape is bool)) else [name]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -288,11 +321,13 @@ def parse_metrics(data: bytes) -> tuple[list[dict], list[int]]:
 
 
 def _is_record(record) -> bool:
+    """A step, a split and numbers: the loss, and a train record's lr and grad_norm among them."""
     return (
         isinstance(record, dict)
         and type(record.get("step")) is int
         and record.get("split") in ("train", "val")
-        and isinstance(record.get("loss"), int | float)
+        and {"loss", *(("lr", "grad_norm") if record["split"] == "train" else ())} <= record.keys()
+        and all(isinstance(v, NUMBER) and not isinstance(v, bool) for k, v in record.items() if k != "split")
     )
 
 
