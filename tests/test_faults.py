@@ -1179,6 +1179,38 @@ def test_a_full_disk_while_resuming_is_one_line_and_leaves_the_run_as_it_was(
     assert same_records(run_dir, reference, tally)
 
 
+@pytest.mark.slow
+def test_a_two_process_run_resumed_by_three_is_one_line_and_left_as_it_was(tmp_path, tally):
+    """Each rank printed the error (3 lines). torchrun still reports the failed workers after it,
+    in its own traceback, and exits 1: it says so whatever a worker's exit status."""
+    from test_ddp import _env_ddp, _torchrun
+
+    project = render(tmp_path / "ddp", distributed="ddp")
+    run_dir = tmp_path / "run"
+    tally[SUITE]["inputs tried"] += 1
+    args = ("train", "--run-dir", run_dir, "--max-train-examples", "256", "--batch-size", "16",
+            "--ckpt-every", "5", "--num-workers", "0")  # fmt: skip
+
+    def torchrun(max_steps: int, nproc: int):
+        command = _torchrun(project, *args, "--max-steps", max_steps, nproc=nproc)
+        return subprocess.run(
+            command, cwd=project, env=_env_ddp(project), capture_output=True, text=True, timeout=600
+        )
+
+    assert torchrun(10, nproc=2).returncode == 0
+    before = _contents(run_dir)
+
+    done = torchrun(20, nproc=3)
+
+    assert done.returncode != 0
+    ours = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error: ")]
+    assert ours == [
+        f"error: {run_dir} was trained by 2 processes: resume it with as many"
+        " (--nproc-per-node x --nnodes), not 3"
+    ]
+    assert _contents(run_dir) == before
+
+
 def _contents(run_dir: Path) -> dict[str, bytes]:
     """Every file of a run folder but the writer's lock (which names the last writer's PID)."""
     files = (p for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock")
