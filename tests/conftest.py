@@ -81,6 +81,19 @@ def tally() -> dict[str, collections.Counter[str]]:
     return _TALLY
 
 
+def pytest_sessionfinish(session) -> None:
+    """On a pytest-xdist worker, hands its counts to the controller, which alone prints."""
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:
+        workeroutput["tally"] = {suite: dict(counts) for suite, counts in _TALLY.items()}
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: the controller, as a worker ends
+def pytest_testnodedown(node, error) -> None:
+    for suite, counts in getattr(node, "workeroutput", {}).get("tally", {}).items():
+        _TALLY[suite].update(counts)
+
+
 def pytest_terminal_summary(terminalreporter) -> None:
     if not _TALLY:
         return

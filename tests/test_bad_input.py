@@ -414,3 +414,19 @@ def test_a_full_disk_while_rendering_is_one_line_and_nothing_is_written(
     assert ran.stderr.startswith("error: cannot write the project: No space left on device")
     assert list(tmp_path.iterdir()) == []  # no DEST, no staging folder
     tally[SUITE]["refused in one line, nothing written"] += 1
+
+
+def test_the_counted_suites_print_their_counts_under_xdist(tally):
+    """CI runs `pytest -n auto`, where each worker kept its own counts and none were printed."""
+    tally[SUITE]["inputs tried"] += 1
+    cases = "jinja_name_is_refused or rng_state_is_its_own"
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-n", "2", "-p", "no:cacheprovider", "-k", cases,
+         "tests/test_bad_input.py", "tests/test_faults.py"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout
+    assert "2 passed" in done.stdout
+    summary = done.stdout.split("fault and bad-input summary")[1]
+    assert f"{SUITE}: escaped DEST or evaluated 0, inputs tried 1, refused" in summary
+    assert "faults (generated projects): data lost 0, inputs tried 1\n" in summary

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import snapshot
 from test_project import _command, _env, records, render
 
 FAULTS = Path(__file__).resolve().parent / "fault_inject"
@@ -1037,9 +1038,25 @@ DAMAGED_RECORDS = {
     "run.json-deleted": ("run.json", None, "is missing"),
     "run.json-garbage": ("run.json", b"\x00\xff not json", "is damaged (not JSON)"),
     "run.json-wrong-shape": ("run.json", b"123\n", "is damaged (not a run record)"),
+    "run.json-other-object": (
+        "run.json",
+        b'{"foo": 1}\n',
+        "is damaged (no valid project, seed, config, git, versions, ...)",
+    ),
+    "run.json-wrong-inner-shapes": (  # report, diagnose and resumes read these: tracebacks
+        "run.json",
+        lambda old: json.dumps({**json.loads(old), "git": {"commit": 5}, "resumed": 5}).encode(),
+        "is damaged (no valid git.commit, git.dirty, resumed)",
+    ),
     "metrics-wrong-shapes": (
         "metrics.jsonl",
         b'123\n{"foo": 1}\n\xff\xfe not utf-8\n',
+        "3 damaged lines (21, 22, 23)",
+    ),
+    "metrics-records-of-wrong-shapes": (  # the first was kept as step 21's record
+        "metrics.jsonl",
+        b'{"step": 21, "split": "train", "loss": 1.0}\n{"step": 21, "split": "val", "loss": "x"}\n'
+        b'{"step": true, "split": "val", "loss": 1.0}\n',
         "3 damaged lines (21, 22, 23)",
     ),
 }
@@ -1059,6 +1076,8 @@ def test_damaged_run_records_are_repaired_on_resume_and_named_by_report(
     path = run_dir / name
     if damage is None:
         path.unlink()
+    elif callable(damage):
+        path.write_bytes(damage(path.read_bytes()))
     elif name == "metrics.jsonl":  # inserted between step 20's records and the rest
         lines = path.read_bytes().splitlines(keepends=True)
         path.write_bytes(b"".join(lines[:20]) + damage + b"".join(lines[20:]))
@@ -1088,6 +1107,28 @@ def test_damaged_run_records_are_repaired_on_resume_and_named_by_report(
     else:
         assert f"warning: {path}: {said} dropped" in done.stderr
     assert same_records(run_dir, reference, tally)
+    assert run(project, "report", run_dir).returncode == 0
+
+
+@pytest.mark.slow
+def test_a_deleted_metrics_file_is_named_by_report_and_by_the_resume(project, tmp_path, tally):
+    """The resume went on silently without the records it had lost."""
+    run_dir = tmp_path / "run"
+    tally[SUITE]["inputs tried"] += 1
+    killed_after_step_40(project, run_dir)
+    (run_dir / "metrics.jsonl").unlink()
+
+    for command, code in (("report", 1), ("diagnose", 2)):
+        shown = run(project, command, run_dir)
+        assert is_clean_error(shown, code=code), shown.stderr
+        assert f"cannot read {run_dir / 'metrics.jsonl'}: No such file or directory" in shown.stderr
+    done = train(project, run_dir)
+
+    assert done.returncode == 0, done.stderr
+    lost = "is missing: the records up to step 40 are lost"
+    assert done.stderr == f"warning: {run_dir / 'metrics.jsonl'} {lost}\n"
+    steps = [r["step"] for r in records(run_dir) if r["split"] == "train"]
+    assert steps == list(range(41, MAX_STEPS + 1))
     assert run(project, "report", run_dir).returncode == 0
 
 
@@ -1138,6 +1179,38 @@ def test_a_full_disk_while_resuming_is_one_line_and_leaves_the_run_as_it_was(
     assert same_records(run_dir, reference, tally)
 
 
+@pytest.mark.slow
+def test_a_two_process_run_resumed_by_three_is_one_line_and_left_as_it_was(tmp_path, tally):
+    """Each rank printed the error (3 lines). torchrun still reports the failed workers after it,
+    in its own traceback, and exits 1: it says so whatever a worker's exit status."""
+    from test_ddp import _env_ddp, _torchrun
+
+    project = render(tmp_path / "ddp", distributed="ddp")
+    run_dir = tmp_path / "run"
+    tally[SUITE]["inputs tried"] += 1
+    args = ("train", "--run-dir", run_dir, "--max-train-examples", "256", "--batch-size", "16",
+            "--ckpt-every", "5", "--num-workers", "0")  # fmt: skip
+
+    def torchrun(max_steps: int, nproc: int):
+        command = _torchrun(project, *args, "--max-steps", max_steps, nproc=nproc)
+        return subprocess.run(
+            command, cwd=project, env=_env_ddp(project), capture_output=True, text=True, timeout=600
+        )
+
+    assert torchrun(10, nproc=2).returncode == 0
+    before = _contents(run_dir)
+
+    done = torchrun(20, nproc=3)
+
+    assert done.returncode != 0
+    ours = [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("error: ")]
+    assert ours == [
+        f"error: {run_dir} was trained by 2 processes: resume it with as many"
+        " (--nproc-per-node x --nnodes), not 3"
+    ]
+    assert _contents(run_dir) == before
+
+
 def _contents(run_dir: Path) -> dict[str, bytes]:
     """Every file of a run folder but the writer's lock (which names the last writer's PID)."""
     files = (p for p in run_dir.rglob("*") if p.is_file() and p.name != ".lock")
@@ -1154,6 +1227,57 @@ def test_a_file_where_the_checkpoints_go_is_one_line(project, tmp_path, tally):
     assert is_clean_error(done), done.stderr
     assert "checkpoints is a file, where the checkpoints go" in done.stderr
     assert (tmp_path / "run" / "checkpoints").read_text() == "someone's notes\n"
+    assert os.listdir(tmp_path / "run") == ["checkpoints"]  # no lock file left
+
+
+# Writes that fail as a run starts ({run}: the run folder): in the checks of the folder (a
+# probe file in checkpoints/), and in run.json.
+START_FAULTS = {
+    "ENOSPC-writing-run.json": (
+        {"at": "write", "match": ".run.json.tmp", "nth": 1, "do": "ENOSPC"},
+        f"cannot write {{run}}/run.json: {NO_SPACE}",
+    ),
+    "EROFS-making-checkpoints": (
+        {"readonly": "{run}/checkpoints"},
+        f"cannot write to run folder {{run}}: {READ_ONLY}",
+    ),
+    "ENOSPC-probing-the-folder": (
+        {"at": "write", "match": ".write-test", "nth": 1, "do": "ENOSPC"},
+        f"cannot write to run folder {{run}}: {NO_SPACE}",
+    ),
+}
+FAST_START_FAULT = "ENOSPC-writing-run.json"
+
+
+@pytest.mark.parametrize("folder", ["new", "the-users"])
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(key, marks=() if key == FAST_START_FAULT else pytest.mark.slow)
+        for key in START_FAULTS
+    ],
+)
+def test_a_write_failing_at_start_up_is_one_line_and_leaves_nothing(
+    project, tmp_path, tally, case, folder
+):
+    """They left the run folder behind, with its lock file and checkpoints/ in it."""
+    tally[SUITE]["inputs tried"] += 1
+    tally[SUITE]["faults injected"] += 1
+    if folder == "new":  # two levels of folders made by this start
+        run_dir = tmp_path / "runs" / "exp1"
+    else:
+        run_dir = tmp_path / "mine"
+        run_dir.mkdir()
+        (run_dir / "notes.txt").write_text("the user's\n")
+    before = snapshot(tmp_path)
+    fault, expected = START_FAULTS[case]
+    fault = {k: v.format(run=run_dir) if isinstance(v, str) else v for k, v in fault.items()}
+
+    done = train(project, run_dir, fault=fault)
+
+    assert is_clean_error(done), done.stderr
+    assert expected.format(run=run_dir) in done.stderr
+    assert snapshot(tmp_path) == before
 
 
 def test_a_ranks_rng_state_is_its_own_gpus_alone(tmp_path, tally, monkeypatch):

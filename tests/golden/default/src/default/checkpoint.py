@@ -64,9 +64,8 @@ class CheckpointDir:
         self._prepare()
 
     def _prepare(self) -> None:
-        """Makes the folder and removes what a crash in the middle of a save left."""
-        if self.path.exists() and not self.path.is_dir():
-            raise CheckpointError(f"{self.path} is a file, where the checkpoints go: move it away")
+        """Makes the folder (RunLog made it in a run) and removes what a crash in the middle of a
+        save left."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             for stale in self.path.glob(".*.tmp"):

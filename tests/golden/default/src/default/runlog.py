@@ -5,10 +5,12 @@ records add `lr` and `grad_norm`, validation records add `accuracy`.
 Floats are written in full.
 """
 
+import contextlib
 import datetime
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 from dataclasses import asdict
@@ -32,23 +34,35 @@ class RunLog:
         self.dir = run_dir
         self.run_json = run_dir / "run.json"
         self.metrics_path = run_dir / "metrics.jsonl"
+        self._metrics = None
+        self.record: dict = {}  # run.json's, kept here and written whole on every change
+        checkpoints = run_dir / "checkpoints"
+        if checkpoints.exists() and not checkpoints.is_dir():  # checked before anything is made
+            raise RunDirError(f"{checkpoints} is a file, where the checkpoints go: move it away")
+        # What this start makes, removed if it fails: it leaves nothing, and loses nothing there.
+        self._made: Path | None = None  # the outermost folder it made
+        self._had: set[str] | None = None  # or else the names the run folder held before it
         try:  # fail before training, not at the first checkpoint
-            run_dir.mkdir(parents=True, exist_ok=True)
+            self._made = _make_folders(run_dir)
+            self._had = set(os.listdir(run_dir))
             self.lock = RunLock(run_dir)  # held until close(): one writer per run folder
-            probe = run_dir / ".write-test"
+            checkpoints.mkdir(exist_ok=True)
+            probe = checkpoints / ".write-test"
             probe.write_text("ok")
             probe.unlink()
         except OSError as error:
+            self._remove_made()
             raise RunDirError(f"cannot write to run folder {run_dir}: {error.strerror}") from None
-        self._metrics = None
-        self.record: dict = {}  # run.json's, kept here and written whole on every change
 
     def start(self, record: dict) -> None:
         """A new run: run.json written, metrics.jsonl started afresh."""
         self.record = record
-        _write_json_atomically(self.run_json, record)
-        self.metrics_path.unlink(missing_ok=True)
-        self._open_metrics()
+        try:
+            _write_json_atomically(self.run_json, record)
+            self._open_metrics("w")  # afresh
+        except RunDirError:  # a full disk, say: the run never started, and leaves nothing behind
+            self.abandon()
+            raise
 
     def resume(self, record: dict, step: int, path: Path, checkpoint: dict) -> None:
         """Keeps the records up to `step` (the checkpoint at `path`) and notes the restart in
@@ -71,6 +85,8 @@ class RunLog:
         try:
             data = self.metrics_path.read_bytes()
         except FileNotFoundError:
+            lost = f"the records up to step {step} are lost"
+            print(f"warning: {self.metrics_path} is missing: {lost}", file=sys.stderr)
             data = b""
         except OSError as error:
             raise RunDirError(f"cannot read {self.metrics_path}: {error.strerror}") from None
@@ -103,21 +119,56 @@ class RunLog:
 
     def close(self) -> None:
         """Closes the records and releases the run folder; call it last."""
+        self._close_records()
+        self.lock.release()
+
+    def abandon(self) -> None:
+        """Ends a start that failed: the records closed, what it made removed while the run folder
+        is still locked (no other start is inside it), then the folder released."""
+        self._close_records()
+        self._remove_made()
+        self.lock.release()
+
+    def _remove_made(self) -> None:
+        with contextlib.suppress(OSError):  # what cannot be removed (a read-only disk) was not made
+            if self._made is not None:
+                shutil.rmtree(self._made)
+            elif self._had is not None:
+                for name in set(os.listdir(self.dir)) - self._had:
+                    path = self.dir / name
+                    if path.is_dir():
+                        shutil.rmtree(path)
+                    else:
+                        path.unlink()
+
+    def _close_records(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
             self._metrics = None
-        self.lock.release()
 
-    def _open_metrics(self) -> None:
-        self._metrics = self.metrics_path.open("a", encoding="utf-8")
+    def _open_metrics(self, mode: str = "a") -> None:
+        try:
+            self._metrics = self.metrics_path.open(mode, encoding="utf-8")
+        except OSError as error:
+            raise RunDirError(f"cannot write {self.metrics_path}: {error.strerror}") from None
 
 
 class RunRecordError(RuntimeError):
     """run.json is missing or is not a run record."""
 
 
-# What every run.json holds (report, diagnose and resumes read them).
-RECORD_FIELDS = {"project": str, "config": dict, "git": dict, "versions": dict}
+NUMBER = int | float
+# What report, diagnose and resumes read from run.json, and its type ("?": may be absent); a record
+# that lacks a part, or holds something else there, is damaged. A list: each item of that shape.
+RECORD_SHAPE = {
+    "project": str,
+    "seed": int,
+    "config": {"max_steps": int, "lr": NUMBER, "warmup_steps": int, "patience": int, "dropout": NUMBER},
+    "git": {"commit": str | None, "dirty": bool},
+    "versions": {"torch": str},
+    "resumed": [{"at_step": int}],
+    "finished?": {"step": int, "examples_per_s": NUMBER, "data_wait_share?": NUMBER},
+}
 
 
 def run_record(cfg: Config, data: dict, precision: str) -> dict:
@@ -149,10 +200,30 @@ def read_record(run_dir: Path) -> dict:
         raise RunRecordError(f"{path} is damaged (not JSON)") from None
     if not isinstance(record, dict):
         raise RunRecordError(f"{path} is damaged (not a run record)")
-    wrong = [name for name, kind in RECORD_FIELDS.items() if not isinstance(record.get(name), kind)]
+    wrong = _misshapen(record, RECORD_SHAPE)
     if wrong:
-        raise RunRecordError(f"{path} is damaged (no valid {', '.join(wrong)})")
+        shown = ", ".join(wrong[:5]) + (", ..." if len(wrong) > 5 else "")
+        raise RunRecordError(f"{path} is damaged (no valid {shown})")
     return record
+
+
+def _misshapen(value, shape, name: str = "") -> list[str]:
+    """The names of the parts of `value` (itself `name`) that do not have `shape`."""
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return [name]
+        return [
+            wrong
+            for key, part in shape.items()
+            if not key.endswith("?") or key[:-1] in value
+            for wrong in _misshapen(value.get(key.rstrip("?")), part, f"{name}.{key.rstrip('?')}".lstrip("."))
+        ]
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return [name]
+        return [wrong for i, item in enumerate(value) for wrong in _misshapen(item, shape[0], f"{name}[{i}]")]
+    is_bool = isinstance(value, bool)  # a bool is an int to isinstance
+    return [] if isinstance(value, shape) and (is_bool == (shape is bool)) else [name]
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
@@ -183,11 +254,13 @@ def parse_metrics(data: bytes) -> tuple[list[dict], list[int]]:
 
 
 def _is_record(record) -> bool:
+    """A step, a split and numbers: the loss, and a train record's lr and grad_norm among them."""
     return (
         isinstance(record, dict)
         and type(record.get("step")) is int
         and record.get("split") in ("train", "val")
-        and isinstance(record.get("loss"), int | float)
+        and {"loss", *(("lr", "grad_norm") if record["split"] == "train" else ())} <= record.keys()
+        and all(isinstance(v, NUMBER) and not isinstance(v, bool) for k, v in record.items() if k != "split")
     )
 
 
@@ -223,6 +296,16 @@ def library_versions() -> dict:
 
 def _now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _make_folders(path: Path) -> Path | None:
+    """Makes the folder `path` and its missing parents; returns the outermost one it made."""
+    made = None
+    for folder in [*reversed(path.parents), path]:
+        if not folder.is_dir():
+            folder.mkdir()  # FileExistsError where a file is
+            made = made or folder
+    return made
 
 
 def _write_json_atomically(path: Path, record: dict) -> None:

@@ -68,19 +68,23 @@ class RunLock:
 
     def __init__(self, run_dir: Path) -> None:
         self.path = run_dir / ".lock"
-        self.file = self.path.open("a+", encoding="utf-8")
-        try:
-            fcntl.lockf(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as error:
-            if error.errno not in (errno.EACCES, errno.EAGAIN):
+        while True:
+            self.file = self.path.open("a+", encoding="utf-8")
+            try:
+                fcntl.lockf(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                if error.errno not in (errno.EACCES, errno.EAGAIN):
+                    self.file.close()
+                    raise
+                self.file.seek(0)
+                holder = self.file.read().strip() or "another process"
                 self.file.close()
-                raise
-            self.file.seek(0)
-            holder = self.file.read().strip() or "another process"
-            self.file.close()
-            raise RunFolderBusy(
-                f"{run_dir} is in use by {holder}: wait for it to end, or train into another --run-dir"
-            ) from None
+                raise RunFolderBusy(
+                    f"{run_dir} is in use by {holder}: wait for it to end, or train into another --run-dir"
+                ) from None
+            if self.path.exists() and os.path.samestat(os.fstat(self.file.fileno()), self.path.stat()):
+                break
+            self.file.close()  # a start that failed removed this file meanwhile: lock the one there now
         self.file.seek(0)
         self.file.truncate()
         self.file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
