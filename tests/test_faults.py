@@ -1041,7 +1041,7 @@ DAMAGED_RECORDS = {
     "run.json-other-object": (
         "run.json",
         b'{"foo": 1}\n',
-        "is damaged (no valid project, seed, config, git, versions, ...)",
+        "is damaged (no valid project, seed, config, git, versions)",
     ),
     "run.json-wrong-inner-shapes": (  # report, diagnose and resumes read these: tracebacks
         "run.json",

@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .runlog import RunRecordError, read_metrics, read_record
+from .records import RunRecordError, read_metrics, read_record
 
 # Thresholds, each with why that value.
 MIN_TRAIN_RECORDS = 5  # fewer logged train steps than this say nothing about a curve

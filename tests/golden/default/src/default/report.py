@@ -12,7 +12,7 @@ from pathlib import Path
 
 from .checks import sanity
 from .diagnose import DiagnoseError, diagnose, issues_fixed, load_run
-from .runlog import RunRecordError, read_metrics, read_record
+from .records import RunRecordError, read_metrics, read_record
 
 
 class ReportError(RuntimeError):

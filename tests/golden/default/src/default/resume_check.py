@@ -13,7 +13,7 @@ from .checkpoint import load
 from .config import Config
 from .data import load_splits
 from .loader import training_examples
-from .runlog import read_metrics
+from .records import read_metrics
 from .train import train
 
 

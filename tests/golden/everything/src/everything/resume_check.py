@@ -14,7 +14,7 @@ from .config import Config
 from .data import load_splits
 from .distributed import barrier, init_distributed
 from .loader import training_examples
-from .runlog import read_metrics
+from .records import read_metrics
 from .train import train
 
 
