@@ -199,7 +199,8 @@ def test_loader_bound_from_the_runs_own_wait(diag, tmp_path):
 
 def test_loader_bound_from_a_failed_loader_check(diag, tmp_path):
     run_dir = write_run(tmp_path / "runs" / "a")
-    summary = {"checks": {"loader": False}, "loader_share": 0.6}
+    summary = {"overfit_loss": 0.01, "resume_matched": True, "loader_share": 0.6}
+    summary["checks"] = {"loader": False}  # as `check all` writes it
     (tmp_path / "runs" / "check").mkdir()
     (tmp_path / "runs" / "check" / "summary.json").write_text(json.dumps(summary))
     assert names(diag, run_dir) == ["loader-bound"]

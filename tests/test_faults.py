@@ -1093,6 +1093,7 @@ def test_damaged_run_records_are_repaired_on_resume_and_named_by_report(
         shown = run(project, "report", run_dir)
         assert shown.returncode == 0, shown.stderr
         assert f"warning: {path}: {said} skipped" in shown.stderr
+        assert shown.stderr.count("warning: ") == 1, shown.stderr  # read once, said once
 
     done = train(project, run_dir)
 
@@ -1321,3 +1322,31 @@ def test_a_ranks_rng_state_is_its_own_gpus_alone(tmp_path, tally, monkeypatch):
 
     assert calls == ["get", "set"]
     assert state["cuda"].tolist() == [0, 1, 2, 3]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "damage",
+    [b'{"overfit_loss": 0.01, "resume_m', b'{"foo": 1}\n', b"\xff\xfe"],
+    ids=["torn", "other-object", "not-utf8"],
+)
+def test_a_damaged_check_summary_is_left_out_of_report_and_diagnose(
+    project, tmp_path, damage, tally
+):
+    """runs/check/summary.json was read with a bare json.loads: a torn or foreign one gave a
+    traceback from report and diagnose. It records the checks, not the run: left out, said once."""
+    tally[SUITE]["inputs tried"] += 1
+    run_dir = tmp_path / "run"
+    killed_after_step_40(project, run_dir)
+    summary = tmp_path / "check" / "summary.json"
+    summary.parent.mkdir()
+    summary.write_bytes(damage)
+
+    shown = run(project, "report", run_dir)
+    diagnosed = run(project, "diagnose", run_dir)
+
+    assert shown.returncode == 0, shown.stderr
+    assert "**Sanity:** not checked yet" in shown.stdout
+    assert shown.stderr.count("\n") == 1 and shown.stderr.startswith(f"warning: {summary}")
+    assert diagnosed.returncode in (0, 1) and "Traceback" not in diagnosed.stderr, diagnosed.stderr
+    assert summary.read_bytes() == damage  # reported, never rewritten

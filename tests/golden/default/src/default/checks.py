@@ -12,7 +12,6 @@ Exit status 0 only if every check run passes. Each check takes the same options 
 under runs/check/.
 """
 
-import json
 import math
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +24,7 @@ from .engine import Engine, setup, train_step
 from .loader import EpochDataset
 from .model import compute_loss, initial_loss, overfit_target
 from .resume_check import resume_matches
-from .runlog import PROJECT, git_state
+from .runlog import PROJECT, git_state, write_json_atomically
 from .timing import time_loader
 
 OVERFIT_EXAMPLES = 8
@@ -223,7 +222,7 @@ def run_checks(cfg: Config, which: str) -> int:
             "checks": {name: r.passed for name, r in results.items()},
             "passed": all(r.passed for r in results.values()),
         }
-        (work / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")  # for `report`
+        write_json_atomically(work / "summary.json", summary)  # for `report`
         git = git_state()
         commit = (git["commit"] or "none")[:12] + ("-dirty" if git["dirty"] else "")
         say(

@@ -18,7 +18,7 @@ import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .records import RunRecordError, read_metrics, read_record
+from .records import RunRecordError, check_summary_path, read_check_summary, read_metrics, read_record
 
 # Thresholds, each with why that value.
 MIN_TRAIN_RECORDS = 5  # fewer logged train steps than this say nothing about a curve
@@ -104,10 +104,8 @@ def load_run(run_dir: str) -> Run:
         raise DiagnoseError(str(error)) from None
     except OSError as error:
         raise DiagnoseError(f"cannot read {path / 'metrics.jsonl'}: {error.strerror}") from None
-    checks = path.parent / "check" / "summary.json"
-    summary = json.loads(checks.read_text()) if checks.exists() else None
     train = [r for r in metrics if r["split"] == "train"]
-    return Run(path, record, train, [r for r in metrics if r["split"] == "val"], summary)
+    return Run(path, record, train, [r for r in metrics if r["split"] == "val"], read_check_summary(path))
 
 
 def diagnose(run: Run, leak_test: bool = True) -> list[Finding]:
@@ -280,7 +278,7 @@ def find_loader_bound(run: Run) -> list[Finding]:
     checks = (run.summary or {}).get("checks", {})
     if not found and checks.get("loader") is False:
         evidence = f"check loader failed: {run.summary['loader_share']:.0%} of a step waiting for data"
-        found.append(Finding("loader-bound", evidence + f" ({run.dir.parent / 'check' / 'summary.json'})"))
+        found.append(Finding("loader-bound", evidence + f" ({check_summary_path(run.dir)})"))
     return found
 
 

@@ -59,7 +59,7 @@ class RunLog:
         """A new run: run.json written, metrics.jsonl started afresh."""
         self.record = record
         try:
-            _write_json_atomically(self.run_json, record)
+            write_json_atomically(self.run_json, record)
             self._open_metrics("w")  # afresh
         except RunDirError:  # a full disk, say: the run never started, and leaves nothing behind
             self.abandon()
@@ -77,7 +77,7 @@ class RunLog:
             self.record = {**record, "rebuilt_at_step": step}
         restart = {"at_step": step, "checkpoint": str(path), "git": git_state(), "command": sys.argv}
         self.record.setdefault("resumed", []).append({**restart, "time": _now()})
-        _write_json_atomically(self.run_json, self.record)
+        write_json_atomically(self.run_json, self.record)
         self._open_metrics()
 
     def _keep_metrics(self, step: int) -> list[dict]:
@@ -116,7 +116,7 @@ class RunLog:
     def finish(self, summary: dict) -> None:
         """Records where this session of the run ended (or was stopped), and how fast it went."""
         self.record["finished"] = {**summary, "time": _now()}
-        _write_json_atomically(self.run_json, self.record)
+        write_json_atomically(self.run_json, self.record)
 
     def close(self) -> None:
         """Closes the records and releases the run folder; call it last."""
@@ -209,7 +209,7 @@ def _make_folders(path: Path) -> Path | None:
     return made
 
 
-def _write_json_atomically(path: Path, record: dict) -> None:
+def write_json_atomically(path: Path, record: dict) -> None:
     _write_atomically(path, json.dumps(record, indent=2) + "\n")
 
 

@@ -66,6 +66,36 @@ def _misshapen(value, shape, name: str = "") -> list[str]:
     return [] if isinstance(value, shape) and (is_bool == (shape is bool)) else [name]
 
 
+# What report and diagnose read from the latest `check all`'s summary.json ("?": may be absent).
+CHECK_SUMMARY_SHAPE = {
+    "overfit_loss": NUMBER,
+    "resume_matched": bool,
+    "loader_share": NUMBER,
+    "checks?": dict,
+}
+
+
+def check_summary_path(run_dir: Path) -> Path:
+    return run_dir.parent / "check" / "summary.json"  # beside the run: runs/check/
+
+
+def read_check_summary(run_dir: Path) -> dict | None:
+    """The latest `check all` summary beside the run, or None where there is none. A damaged one
+    is named in a warning and left out: it records the checks, not the run."""
+    path = check_summary_path(run_dir)
+    try:
+        summary = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:  # unreadable, not JSON, or not UTF-8
+        print(f"warning: {path}: cannot be read ({error.__class__.__name__}); left out", file=sys.stderr)
+        return None
+    if _misshapen(summary, CHECK_SUMMARY_SHAPE):
+        print(f"warning: {path} is damaged (not a check summary); left out", file=sys.stderr)
+        return None
+    return summary
+
+
 def read_metrics(run_dir: Path) -> list[dict]:
     """metrics.jsonl's records; lines that are not records are skipped, with a warning."""
     path = run_dir / "metrics.jsonl"

@@ -7,12 +7,11 @@ Both read the run folders' run.json and metrics.jsonl (and the latest check's su
 also runs diagnose on it, whose leak test reads the run's data.
 """
 
-import json
 from pathlib import Path
 
 from .checks import sanity
-from .diagnose import DiagnoseError, diagnose, issues_fixed, load_run
-from .records import RunRecordError, read_metrics, read_record
+from .diagnose import DiagnoseError, Run, diagnose, issues_fixed, load_run
+from .records import check_summary_path, read_metrics
 
 
 class ReportError(RuntimeError):
@@ -55,22 +54,20 @@ def plot(run_dirs: list[str], output: str) -> Path:
 def report(run_dir: str, since: str | None = None) -> str:
     """The summary lines: what ran, whether its checks passed, how fast, its best validation, and
     what `diagnose` finds (with `since`, an earlier run: the issues this one no longer shows)."""
-    run = Path(run_dir)
     try:
-        record = read_record(run)
-    except RunRecordError as error:
+        run = load_run(run_dir)
+        before = load_run(since) if since else None
+    except DiagnoseError as error:
         raise ReportError(str(error)) from None
-    val = [r for r in _metrics(run) if r["split"] == "val"]
+    record = run.record
     commit = (record["git"]["commit"] or "none")[:12] + ("-dirty" if record["git"]["dirty"] else "")
     lines = [
-        f"**Run:** {record['project']} commit {commit}, config {run / 'run.json'}, "
+        f"**Run:** {record['project']} commit {commit}, config {run.dir / 'run.json'}, "
         f"seed {record['seed']}, torch {record['versions']['torch']}"
     ]
-    checks = run.parent / "check" / "summary.json"
-    if checks.exists():
-        summary = json.loads(checks.read_text())
-        lines.append(f"**Sanity:** {sanity(summary)} ({checks})")
-        share = f"{summary['loader_share']:.1%}"
+    if run.summary is not None:
+        lines.append(f"**Sanity:** {sanity(run.summary)} ({check_summary_path(run.dir)})")
+        share = f"{run.summary['loader_share']:.1%}"
     else:
         lines.append(f"**Sanity:** not checked yet: python -m {__package__} check all")
         share = "n/a"
@@ -79,23 +76,18 @@ def report(run_dir: str, since: str | None = None) -> str:
     if finished and "data_wait_share" in finished:  # the run's own, over its whole loop
         share = f"{finished['data_wait_share']:.1%}"
     lines.append(f"**Throughput:** {speed}, GPU util n/a, data-loader time share {share}")
-    if val:
-        best = min(val, key=lambda r: r["loss"])
+    if run.val:
+        best = min(run.val, key=lambda r: r["loss"])
         shown = ", ".join(f"{k} {v:.4g}" for k, v in best.items() if k not in ("step", "split"))
-        best_checkpoint = run / "checkpoints" / "best.pt"
+        best_checkpoint = run.dir / "checkpoints" / "best.pt"
         lines.append(f"**Results:** best val {shown} at step {best['step']}; checkpoint {best_checkpoint}")
     else:
         lines.append("**Results:** no validation yet")
-    return "\n".join(lines + issues(run_dir, since))
+    return "\n".join(lines + issues(run, before))
 
 
-def issues(run_dir: str, since: str | None) -> list[str]:
+def issues(after: Run, before: Run | None) -> list[str]:
     """The Issues lines: findings still open in this run, and those fixed since an earlier one."""
-    try:
-        after = load_run(run_dir)
-        before = load_run(since) if since else None
-    except DiagnoseError as error:
-        raise ReportError(str(error)) from None
     found = diagnose(after)
     lines = [f"**Issues found:** {'; '.join(f.line() for f in found)}"] if found else []
     if before is not None:

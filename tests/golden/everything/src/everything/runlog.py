@@ -68,7 +68,7 @@ class RunLog:
             earlier = None
         self.record = record
         try:
-            _write_json_atomically(self.run_json, record)
+            write_json_atomically(self.run_json, record)
             self._open_metrics("w")  # afresh
             self.tracker = Tracker(self.dir, record, resume=None, earlier=earlier)
             self._tracked(0)
@@ -90,7 +90,7 @@ class RunLog:
             self.record = {**record, "rebuilt_at_step": step}
         restart = {"at_step": step, "checkpoint": str(path), "git": git_state(), "command": sys.argv}
         self.record.setdefault("resumed", []).append({**restart, "time": _now()})
-        _write_json_atomically(self.run_json, self.record)
+        write_json_atomically(self.run_json, self.record)
         self._open_metrics()
         # Without a record of the tracker's last flush, take it that it had everything checkpointed.
         flushed = self.record.get("tracker", {}).get("logged_through", step)
@@ -149,12 +149,12 @@ class RunLog:
         """Notes in run.json that the tracker holds every record up to `step`: a resume sends it
         the ones after that."""
         self.record["tracker"] = {**self.tracker.state(), "logged_through": step}
-        _write_json_atomically(self.run_json, self.record)
+        write_json_atomically(self.run_json, self.record)
 
     def finish(self, summary: dict) -> None:
         """Records where this session of the run ended (or was stopped), and how fast it went."""
         self.record["finished"] = {**summary, "time": _now()}
-        _write_json_atomically(self.run_json, self.record)
+        write_json_atomically(self.run_json, self.record)
 
     def close(self) -> None:
         """Closes the records and releases the run folder; call it last."""
@@ -277,7 +277,7 @@ def _make_folders(path: Path) -> Path | None:
     return made
 
 
-def _write_json_atomically(path: Path, record: dict) -> None:
+def write_json_atomically(path: Path, record: dict) -> None:
     _write_atomically(path, json.dumps(record, indent=2) + "\n")
 
 
