@@ -357,3 +357,40 @@ def test_the_slurm_job_stops_on_its_warning_signal_and_requeues(project, two_pro
     assert calls.read_text().count("requeue") == 1  # a job that ends is not requeued
     metrics = (project / "runs" / "4242" / "metrics.jsonl").read_bytes()
     assert metrics == (two_process_run / "metrics.jsonl").read_bytes()
+
+
+def test_a_second_ddp_launch_on_a_running_run_folder_is_refused(project):
+    """The run folder's lock under torchrun: a second launch on the same --run-dir fails, its rank
+    0 naming the first's holder in one line, while the first runs on undisturbed until stopped."""
+    run_dir = "runs/two-writers"
+    until_stopped = ("--max-steps", "100000", "--patience", "0", "--batch-size", "16", *SMALL)
+
+    def launch() -> list[str]:  # each launch its own rendezvous port
+        return _torchrun(
+            project, "train", "--run-dir", run_dir, *until_stopped, extra=("--nnodes", "1")
+        )
+
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
+    first = subprocess.Popen(launch(), cwd=project, env=_env_ddp(project), **pipes)
+    try:
+        for line in first.stdout:
+            if line.startswith("step 10/"):
+                break
+        second = subprocess.run(launch(), cwd=project, env=_env_ddp(project),
+                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        still_running = first.poll() is None
+        first.send_signal(signal.SIGTERM)
+        rest = first.stdout.read()
+        first.wait(timeout=120)
+    finally:
+        if first.poll() is None:
+            _stop(first, "ddp_demo")
+
+    refusals = [line for line in second.stderr.splitlines() if "is in use by pid" in line]
+    assert second.returncode != 0
+    assert len(refusals) == 1 and f"on {socket.gethostname()}" in refusals[0], second.stderr[-3000:]
+    assert still_running
+    step, by, _ = _stopped(rest)
+    assert by == "SIGTERM"
+    train_steps = [r["step"] for r in records(project / run_dir) if r["split"] == "train"]
+    assert train_steps == list(range(1, step + 1))  # the first run's records all there, once
