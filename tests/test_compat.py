@@ -45,6 +45,9 @@ def test_the_validator_runs_copier_s_own_questionnaire():
     assert validate({"task": "regression"}) is None
     refused = validate({"device": "mps", "distributed": "ddp"})
     assert refused is not None and "not available on mps" in refused
+    refused = validate({"device": "mps", "distributed": "fsdp"})
+    assert refused is not None and "fsdp needs the NCCL or gloo backend" in refused
+    assert validate({"device": "cuda", "distributed": "fsdp"}) is None
 
 
 @pytest.mark.parametrize(

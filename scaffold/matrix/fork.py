@@ -68,6 +68,8 @@ PRELOAD = (
     "torch._dynamo",  # torch.optim imports it when an optimizer is built
     "torch._inductor.compile_fx",
     "torch.distributed",
+    "torch.distributed.checkpoint",
+    "torch.distributed.fsdp",
     "torch.nn.parallel",
     "torch.utils.data",
     "torch.utils.tensorboard",

@@ -12,7 +12,9 @@ from scaffold.errors import ScaffoldError
 
 RESIDUE = re.compile(r"\{%-?\s|\s-?%\}|\{\{\s|\s\}\}|\{#|#\}|\.jinja\b")
 _TRACKER_MARKERS = {"tensorboard": "SummaryWriter", "wandb": "wandb", "mlflow": "mlflow"}
-_DISTRIBUTED_MARKERS = ("torch.distributed", "DistributedDataParallel", "torchrun")
+_DISTRIBUTED_MARKERS = ("torch.distributed", "torchrun")  # in ddp and fsdp renders alone
+_DDP_MARKERS = ("DistributedDataParallel", "no_sync")
+_FSDP_MARKERS = ("fully_shard", "torch.distributed.checkpoint", "set_requires_gradient_sync")
 
 
 def lint_problems(project: Path, answers: dict[str, Any]) -> list[str]:
@@ -45,7 +47,8 @@ def lint_problems(project: Path, answers: dict[str, Any]) -> list[str]:
         problems.append(f"the project's Python does not parse: {err}")
 
     precision, device = answers.get("precision"), answers.get("device")
-    ddp = answers.get("distributed", "none") == "ddp"
+    distributed = answers.get("distributed", "none")
+    multi = distributed != "none"
     expect = [
         ("GradScaler", precision == "fp16", "fp16"),
         ("skipped_steps", precision == "fp16", "fp16"),  # the scaler's count, read by diagnose
@@ -56,7 +59,9 @@ def lint_problems(project: Path, answers: dict[str, Any]) -> list[str]:
         ("torch.cuda.get_rng_state", device == "cuda", "cuda"),
         ("def sample(", answers.get("task") == "generation", "generation"),
     ]
-    expect += [(marker, ddp, "ddp") for marker in _DISTRIBUTED_MARKERS if marker != "torchrun"]
+    expect += [(marker, multi, "ddp or fsdp") for marker in _DISTRIBUTED_MARKERS if marker != "torchrun"]
+    expect += [(marker, distributed == "ddp", "ddp") for marker in _DDP_MARKERS]
+    expect += [(marker, distributed == "fsdp", "fsdp") for marker in _FSDP_MARKERS]
     expect += [
         (marker, answers.get("tracker") == tracker, tracker)
         for tracker, marker in _TRACKER_MARKERS.items()
@@ -66,8 +71,8 @@ def lint_problems(project: Path, answers: dict[str, Any]) -> list[str]:
             state = "missing although" if wanted else "present although not"
             problems.append(f"{marker!r} {state} {option} was chosen")
     everything = "\n".join(p.read_text(encoding="utf-8") for p in files)
-    if not ddp and "torchrun" in everything:
-        problems.append("'torchrun' present although not ddp was chosen")
+    if not multi and "torchrun" in everything:
+        problems.append("'torchrun' present although neither ddp nor fsdp was chosen")
     pyproject = (project / "pyproject.toml").read_text(encoding="utf-8")
     for tracker in _TRACKER_MARKERS:
         chosen = answers.get("tracker") == tracker

@@ -220,10 +220,11 @@ WORKER_START = multiprocessing.get_context("spawn")
 
 
 # Compile combinations alike in these answers compile the same kernels (the tracker, the
-# accumulation, ddp with the small models' single gradient bucket and, with the checks on the
-# CPU, the device leave the compiled graphs alone): the first of each family fills the inductor
-# cache (measured: the others then take 2-6 s, the first 8-32 s).
-COMPILE_FAMILY = ("task", "precision")
+# accumulation and, with the checks on the CPU, the device leave the compiled graphs alone): the
+# first of each family fills the inductor cache (measured: the others then take 2-6 s, the first
+# 8-32 s). fsdp compiles each shard unit's forward, other graphs than a whole model's; ddp with the
+# small models' single gradient bucket compiles none's, so its family starts on a warm cache.
+COMPILE_FAMILY = ("task", "precision", "distributed")
 
 
 def schedule(combos: Sequence[dict[str, Any]], checks: Sequence[Plan] | None = None) -> list[int]:
@@ -294,7 +295,7 @@ def _run_one(job: Job) -> Outcome:
             return fail("prepare", output)
 
     start = time.perf_counter()
-    ranks = fork.DDP_PROCESSES if job.answers.get("distributed") == "ddp" else 1
+    ranks = fork.DDP_PROCESSES if job.answers.get("distributed", "none") != "none" else 1
     returncode, output = run(project, job, _check_command(project, job), "check.log", ranks=ranks)
     seconds["check"] = time.perf_counter() - start
     if returncode != 0:

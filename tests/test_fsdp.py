@@ -1,0 +1,247 @@
+"""FSDP2 projects on the CPU with gloo: 2 processes train like 1 process with the global batch, a
+killed run resumes bit for bit, a checkpoint of 2 processes loads exactly under 1 and 4, a
+damaged shard is caught, and `export` writes weights a plain model loads."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from test_ddp import SMALL, _env_ddp, _port, _torchrun, _workers
+from test_project import _env, records, render
+
+PACKAGE = "fsdp_demo"
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return render(tmp_path_factory.mktemp("fsdp") / "fsdp-demo", distributed="fsdp")
+
+
+def _train(project, run_dir: str, steps: int, batch: int, nproc: int = 2, timeout: int = 600):
+    args = (
+        "train",
+        "--run-dir",
+        run_dir,
+        "--max-steps",
+        str(steps),
+        "--batch-size",
+        str(batch),
+        *SMALL,
+    )
+    if nproc == 1:  # a plain process: a group of one
+        command, env = [sys.executable, "-m", PACKAGE, *args], _env(project)
+    else:
+        command, env = (
+            _torchrun(project, *args, nproc=nproc, extra=("--nnodes", "1")),
+            _env_ddp(project),
+        )
+    done = subprocess.run(
+        command, cwd=project, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.fixture(scope="module")
+def two_process_run(project):
+    """40 steps with 2 processes of batch 16, checkpoints every 10: the reference below."""
+    _train(project, "runs/two", 40, 16)
+    return project / "runs" / "two"
+
+
+def test_two_processes_match_one_process_with_the_global_batch(project, two_process_run):
+    """With dropout off, 2 processes x batch 16 equal 1 process x 32 step by step: the same
+    examples a step, the same initial weights on every rank, gradients averaged over the shards."""
+    _train(project, "runs/one", 40, 32, nproc=1)
+    one = [r for r in records(project / "runs" / "one") if r["split"] == "train"]
+    two = [r for r in records(two_process_run) if r["split"] == "train"]
+    assert [r["step"] for r in one] == [r["step"] for r in two] == list(range(1, 41))
+    worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(one, two, strict=True))
+    norms = max(
+        abs(a["grad_norm"] - b["grad_norm"]) / a["grad_norm"] for a, b in zip(one, two, strict=True)
+    )
+    print(
+        f"fsdp 1 x 32 vs 2 x 16: worst relative difference of the train loss {worst:.2e},"
+        f" of the grad norm {norms:.2e}"
+    )
+    assert worst < 1e-5 and norms < 1e-4
+    val_one = [r["accuracy"] for r in records(project / "runs" / "one") if r["split"] == "val"]
+    val_two = [r["accuracy"] for r in records(two_process_run) if r["split"] == "val"]
+    assert val_one == val_two
+
+
+def test_a_checkpoint_is_a_folder_of_shards_and_export_writes_plain_weights(
+    project, two_process_run
+):
+    checkpoints = two_process_run / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == [
+        "best",
+        "step-00000020",
+        "step-00000030",
+        "step-00000040",
+    ]
+    newest = checkpoints / "step-00000040"
+    assert (newest / "state.pt").is_file() and (newest / ".metadata").is_file()
+    assert len(list(newest.glob("*.distcp"))) == 2  # one file a rank
+    out = project / "exported.pt"
+    command = [sys.executable, "-m", PACKAGE, "export", "--checkpoint", newest, "--out", out]
+    done = subprocess.run(command, cwd=project, env=_env(project), capture_output=True, text=True)
+    assert done.returncode == 0 and "wrote" in done.stdout, done.stderr
+    check = f"""
+import torch
+from {PACKAGE}.config import Config
+from {PACKAGE}.data import load_splits
+from {PACKAGE}.model import build_model
+cfg = Config(max_train_examples=1024)
+model = build_model(cfg, load_splits(cfg))
+model.load_state_dict(torch.load({str(out)!r}, weights_only=True))  # strict: every key, every shape
+print("loaded")
+"""
+    loaded = subprocess.run([sys.executable, "-c", check], cwd=project, env=_env(project),
+                            capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert loaded.returncode == 0 and "loaded" in loaded.stdout, loaded.stderr[-2000:]
+    weights = torch.load(out, weights_only=True)
+    assert all(
+        isinstance(t, torch.Tensor) and type(t) is torch.Tensor for t in weights.values()
+    )  # no DTensors
+
+
+RESHARD_CHECK = """
+import sys
+import torch
+import torch.distributed as dist
+from pathlib import Path
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+from {package}.checkpoint import CheckpointDir, load
+from {package}.config import Config
+from {package}.data import load_splits
+from {package}.engine import Engine, setup
+
+cfg = Config(max_train_examples=1024, batch_size=16, dropout=0.0, num_workers=0)
+device = setup(cfg)
+engine = Engine(cfg, load_splits(cfg), device)
+rank = dist.get_rank()
+checkpoints = CheckpointDir(Path(sys.argv[1]), keep_last=3, manage=rank == 0)
+path, checkpoint = checkpoints.load_latest(into=engine.state_dict())
+engine.load_state_dict(checkpoint)
+whole = load(path)  # the checkpoint as written, on this one process
+full = StateDictOptions(full_state_dict=True)
+model, optimizer = get_state_dict(engine.model, engine.optimizer, options=full)
+same_model = model.keys() == whole["model"].keys() and all(
+    torch.equal(model[k], whole["model"][k]) for k in model
+)
+moments = [
+    (f"optimizer.state.{{name}}.{{k}}", t)
+    for name, s in optimizer["state"].items()
+    for k, t in s.items()
+]
+same_optimizer = len(moments) == len(whole["optimizer"]) and all(
+    torch.equal(torch.as_tensor(t), whole["optimizer"][key]) for key, t in moments
+)
+world = dist.get_world_size()
+print(f"rank {{rank}} of {{world}}: model {{same_model}} optimizer {{same_optimizer}}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("nproc", [1, 4])
+def test_a_two_process_checkpoint_loads_exactly_under_another_number_of_processes(
+    project, two_process_run, nproc
+):
+    """Resharded: every rank's shards of the model and of AdamW's moments, gathered, equal the
+    checkpoint's tensors bit for bit; then training goes on from it."""
+    script = project / "reshard_check.py"
+    script.write_text(RESHARD_CHECK.format(package=PACKAGE))
+    checkpoints = str(two_process_run / "checkpoints")
+    if nproc == 1:
+        command, env = [sys.executable, str(script), checkpoints], _env(project)
+    else:
+        port = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_port()}"]
+        command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+                   *port,
+                   str(script), checkpoints]  # fmt: skip
+        env = _env_ddp(project)
+    done = subprocess.run(
+        command, cwd=project, env=env, capture_output=True, text=True, timeout=600
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = sorted(line for line in done.stdout.splitlines() if line.startswith("rank "))
+    assert lines == [f"rank {r} of {nproc}: model True optimizer True" for r in range(nproc)], (
+        done.stdout
+    )
+
+    run_dir = project / "runs" / f"reshard-{nproc}"
+    subprocess.run(["cp", "-r", str(two_process_run), str(run_dir)], check=True)
+    resumed = _train(project, f"runs/reshard-{nproc}", 50, 16, nproc=nproc)
+    assert resumed.stdout.count("resuming from") == 1
+    warning = [line for line in resumed.stdout.splitlines() if "resharded exactly" in line]
+    assert len(warning) == 1 and f"trained by 2 processes, resumed by {nproc}" in warning[0]
+    train = [r for r in records(run_dir) if r["split"] == "train"]
+    assert [r["step"] for r in train] == list(range(1, 51))
+    assert [r for r in records(run_dir) if r["step"] <= 40] == records(two_process_run)
+
+
+def test_a_killed_run_resumes_bit_identical(project, two_process_run):
+    """SIGKILL of both workers and torchrun after step 25 is logged: nothing runs the stop
+    handlers. The same command resumes from the newest checkpoint and ends with the very records."""
+    command = _torchrun(project, "train", "--run-dir", "runs/killed", "--max-steps", "40",
+                        "--batch-size", "16",
+                        *SMALL, extra=("--nnodes", "1"))  # fmt: skip
+    launcher = subprocess.Popen(command, cwd=project, env=_env_ddp(project), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    killed = False
+    deadline = time.monotonic() + 300
+    try:
+        for line in launcher.stdout:
+            if line.startswith("step 25/"):
+                for pid in _workers(launcher, PACKAGE).values():  # each in a session of its own
+                    os.kill(pid, signal.SIGKILL)
+                launcher.kill()
+                killed = True
+                break
+            assert time.monotonic() < deadline
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+        launcher.wait()
+    assert killed
+    time.sleep(1)  # the killed workers' sockets close
+    run_dir = project / "runs" / "killed"
+    leftovers = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    resumed = _train(project, "runs/killed", 40, 16)
+    step = int(
+        next(
+            line for line in resumed.stdout.splitlines() if line.startswith("resuming from")
+        ).split()[-1]
+    )
+    print(
+        f"fsdp: killed after step 25 was logged (checkpoints then: {leftovers});"
+        f" resumed at step {step}"
+    )
+    assert step in (20, 30)
+    assert records(run_dir) == records(two_process_run)  # bit for bit
+    assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]
+
+
+def test_a_damaged_shard_is_reported_and_the_previous_checkpoint_used(project, two_process_run):
+    run_dir = project / "runs" / "damaged"
+    subprocess.run(["cp", "-r", str(two_process_run), str(run_dir)], check=True)
+    newest = run_dir / "checkpoints" / "step-00000040"
+    shard = sorted(newest.glob("*.distcp"))[1]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    done = _train(project, "runs/damaged", 50, 16)
+    assert done.stdout.count(f"checkpoint {newest.relative_to(project)} is damaged") == 1, (
+        done.stdout[-2000:]
+    )
+    assert "resuming from runs/damaged/checkpoints/step-00000030 at step 30" in done.stdout
+    kept = [r for r in records(run_dir) if r["step"] <= 30]
+    assert kept == [r for r in records(two_process_run) if r["step"] <= 30]
