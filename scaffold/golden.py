@@ -12,7 +12,7 @@ Which combinations (both picked from copier.yml by rule, never listed here):
 - default: every question's first value (what `scaffold new --defaults` gives on a machine
   without a GPU);
 - everything: the valid combination with the most answers away from those first values, the
-  last such in the matrix's order on a tie (today custom, mlflow, cuda, ddp, fp16, 4, compile).
+  last such in the matrix's order on a tie (today custom, mlflow, cuda, fsdp, fp16, 4, compile).
 """
 
 from __future__ import annotations

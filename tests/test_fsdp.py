@@ -151,6 +151,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("nproc", [1, 4])
 def test_a_two_process_checkpoint_loads_exactly_under_another_number_of_processes(
     project, two_process_run, nproc
@@ -188,6 +189,7 @@ def test_a_two_process_checkpoint_loads_exactly_under_another_number_of_processe
     assert [r for r in records(run_dir) if r["step"] <= 40] == records(two_process_run)
 
 
+@pytest.mark.slow
 def test_a_killed_run_resumes_bit_identical(project, two_process_run):
     """SIGKILL of both workers and torchrun after step 25 is logged: nothing runs the stop
     handlers. The same command resumes from the newest checkpoint and ends with the very records."""
@@ -230,6 +232,7 @@ def test_a_killed_run_resumes_bit_identical(project, two_process_run):
     assert not [p for p in (run_dir / "checkpoints").iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.slow
 def test_a_damaged_shard_is_reported_and_the_previous_checkpoint_used(project, two_process_run):
     run_dir = project / "runs" / "damaged"
     subprocess.run(["cp", "-r", str(two_process_run), str(run_dir)], check=True)
@@ -245,3 +248,37 @@ def test_a_damaged_shard_is_reported_and_the_previous_checkpoint_used(project, t
     assert "resuming from runs/damaged/checkpoints/step-00000030 at step 30" in done.stdout
     kept = [r for r in records(run_dir) if r["step"] <= 30]
     assert kept == [r for r in records(two_process_run) if r["step"] <= 30]
+
+
+@pytest.mark.slow
+def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_ends_bit_identical(
+    project, two_process_run
+):
+    """SIGKILL of rank 1 alone after step 25 under --max-restarts 1: torchrun restarts the group,
+    which clears the dead save's temporary folder, resumes from the newest checkpoint folder and
+    ends with the very records of the uninterrupted run."""
+    command = _torchrun(project, "train", "--run-dir", "runs/restarted", "--max-steps", "40",
+                        "--batch-size", "16", *SMALL,
+                        extra=("--nnodes", "1", "--max-restarts", "1"))  # fmt: skip
+    launcher = subprocess.Popen(command, cwd=project, env=_env_ddp(project), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    output, killed = [], None
+    try:
+        for line in launcher.stdout:
+            output.append(line)
+            if line.startswith("step 25/") and killed is None:
+                killed = _workers(launcher, PACKAGE)[1]
+                os.kill(killed, signal.SIGKILL)
+        launcher.wait(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            for pid in _workers(launcher, PACKAGE).values():
+                os.kill(pid, signal.SIGKILL)
+            launcher.kill()
+            launcher.wait()
+    log = "".join(output)
+    assert killed and launcher.returncode == 0, log[-4000:]
+    resumed = [line for line in log.splitlines() if line.startswith("resuming from")]
+    assert len(resumed) == 1 and resumed[0].endswith(("at step 20", "at step 30")), log[-3000:]
+    run_dir = project / "runs" / "restarted"
+    assert records(run_dir) == records(two_process_run)  # bit for bit

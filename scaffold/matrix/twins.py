@@ -22,11 +22,18 @@ lines in the resume check of its twin with no tracker, and each rendered line of
 those two (the tracker's templates do not depend on the device; where train.py and the run record
 do, the two conditions are separate blocks). Such a *cross* runs `check init` only: its own
 rendered project builds its data and model and takes their first losses, after the lint that
-every combination gets. Measured on the 1,200: crosses are 540 of the 1,080 twins, 180 of them
-ddp, whose resume check is the dearest twin's.
+every combination gets. Counted on the 1,680: crosses are 720 of the 1,500 twins, 180 of them
+ddp, whose resume check is the dearest twin's; with the fsdp twins below, 960.
+
+An fsdp twin is a cross too when its ddp *sibling* (the same answers with ddp) is in the run.
+fsdp and ddp renders share their tracker and device lines (rank 0's run log and tracker, the
+GPU's backend and RNG in distributed.py and checkpoint.py), which the sibling's resume check
+runs; what fsdp renders apart from ddp (the sharding, its checkpoint folders) does not depend on
+the tracker or the device the checks run on, and its primary's `check all` resumes it.
 
 A twin whose primary is not in the same run (a `--only` slice without it) gets every check; a
-cross whose two halves are not both in it gets the resume check.
+cross whose two halves are not both in it, or an fsdp twin without its sibling, gets the resume
+check.
 """
 
 from __future__ import annotations
@@ -91,6 +98,8 @@ def plans(
         options = {"no_compile": None} if answers.get("compile") else {}
         halves = _halves(answers, primary_answers)
         cross = len(halves) == 2 and all(combination_id(h) in present for h in halves)
+        sibling = combination_id({**answers, "distributed": "ddp"})  # see the module's note on fsdp
+        cross = cross or (answers.get("distributed") == "fsdp" and sibling in present)
         which = CROSS_CHECK if cross else TWIN_CHECK
         result.append(Plan(which=which, options=options, primary=primary))
     return result

@@ -9,6 +9,7 @@
     python -m everything profile [-o DIR] [train options]
     python -m everything find-lr [-o FILE.png] [train options]
     python -m everything find-batch-size [--global-batch N] [train options]
+    python -m everything export [--checkpoint DIR] [--out FILE.pt]
 
 Every field of config.Config is an option; `train --help` lists them.
 """
@@ -16,8 +17,9 @@ Every field of config.Config is an option; `train --help` lists them.
 import argparse
 import os
 import sys
+from pathlib import Path
 
-from .checkpoint import CheckpointError
+from .checkpoint import CheckpointError, export
 from .checks import run_checks
 from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     sizer.add_argument("--global-batch", type=int, metavar="N", help="examples a step, accumulation included")
     sizer.add_argument("--memory-target", type=float, default=MEMORY_TARGET, help="share of device memory")
     add_config_arguments(sizer)
+    exporter = commands.add_parser("export", help="a checkpoint's model weights, whole, in one .pt file")
+    exporter.add_argument("--checkpoint", default="runs/default/checkpoints/best", metavar="DIR")
+    exporter.add_argument("--out", metavar="FILE.pt", help="default: the checkpoint's path + .model.pt")
     args = parser.parse_args(argv)
     try:
         if args.command == "plot":
@@ -75,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.command == "diagnose":
             return run_diagnose(args.run_dirs, args.json)
+        if args.command == "export":
+            out = Path(args.out or f"{Path(args.checkpoint)}.model.pt")
+            print(f"wrote {export(Path(args.checkpoint), out)}: load it with torch.load(weights_only=True)")
+            return 0
         cfg = config_from_args(args)
         if args.command == "train":
             return train(cfg)["exit_status"]

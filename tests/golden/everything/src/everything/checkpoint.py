@@ -1,13 +1,15 @@
-"""Checkpoints that resume a run exactly, written so that a crash never corrupts one.
+"""Sharded checkpoints that resume a run exactly, written so that a crash never corrupts one.
 
-Each checkpoint holds the model (unwrapped from torch.compile), optimizer, scheduler,
+Each checkpoint is a folder: the model's and optimizer's shards, written by every rank at once
+with Distributed Checkpoint (torch.distributed.checkpoint), and `state.pt`, written by rank 0
+last: the scheduler,
 gradient scaler,
-the training position, every RNG state, the config and the early-stopping state. It is written to a
-temporary file in the same folder, fsynced, then renamed over its final name, so a reader sees
-the old file or the new one, never half of one. Checkpoints hold only tensors and plain Python
-values: they load with `torch.load(weights_only=True)`, which never runs pickled code. Each carries
-a SHA-256 digest of its contents (every tensor's bytes, every value), checked on load: a flipped
-bit in the weights is reported, and the previous checkpoint used, as for a truncated file.
+the training position, every rank's RNG state, the config and the early-stopping state,
+and the SHA-256 digest of each shard file. The folder is written under a temporary name and renamed
+once complete, so a reader sees the old checkpoint or the new one, never half of one; a damaged
+shard or state.pt is reported and the previous checkpoint used. The shards are keyed by parameter
+name, not by rank: a checkpoint written by N processes loads under any other number (resharded),
+or whole on one process (`export`, `sample`, `predict`). Everything loads with `weights_only=True`.
 """
 
 import contextlib
@@ -15,13 +17,23 @@ import hashlib
 import os
 import random
 import re
+import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-STEP_NAME = re.compile(r"step-(\d+)\.pt")
-REQUIRED_KEYS = {"model", "optimizer", "scheduler", "state", "rng", "config", "data"}
+from .distributed import all_gather, barrier
+
+STEP_NAME = re.compile(r"step-(\d+)")
+STATE_FILE = "state.pt"  # everything but the shards, written last
+SHARDED = ("model", "optimizer")  # what Distributed Checkpoint writes in shards
+REQUIRED_KEYS = {"scheduler", "state", "rng", "config", "data", "files"}
 
 
 class CheckpointError(RuntimeError):
@@ -62,23 +74,28 @@ def set_rng_state(state: dict) -> None:
 
 
 class CheckpointDir:
-    """`step-<n>.pt` every ckpt_every steps (the newest keep_last kept) and `best.pt`."""
+    """`step-<n>/` every ckpt_every steps (the newest keep_last kept) and `best/`, each a folder of
+    shards. Every rank writes its shards; rank 0 (`manage`) also prepares the folder, writes
+    state.pt, renames and deletes."""
 
-    def __init__(self, path: Path, keep_last: int, write: bool = True) -> None:
-        """`write=False` (ranks other than 0): reads checkpoints, and saving does nothing."""
+    def __init__(self, path: Path, keep_last: int, manage: bool = True) -> None:
         self.path = path
         self.keep_last = keep_last
-        self.write = write
-        if write:
+        self.manage = manage
+        if manage:
             self._prepare()
+        barrier()  # no rank reads the folder before rank 0 has tidied it
 
     def _prepare(self) -> None:
-        """Makes the folder (RunLog made it in a run) and removes what a crash in the middle of a
-        save left."""
+        """Makes the folder and removes what a crash in the middle of a save left; a best/ that
+        was being replaced is put back."""
         try:
             self.path.mkdir(parents=True, exist_ok=True)
+            old_best = self.path / ".best.old.tmp"
+            if old_best.is_dir() and not (self.path / "best").exists():
+                os.replace(old_best, self.path / "best")
             for stale in self.path.glob(".*.tmp"):
-                stale.unlink()
+                shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         except OSError as error:
             raise CheckpointError(f"cannot write checkpoints in {self.path}: {error.strerror}") from None
 
@@ -88,54 +105,107 @@ class CheckpointDir:
         return [p for _, p in sorted(found)]
 
     def save(self, payload: dict, step: int) -> Path:
-        if not self.write:
-            return self.path / f"step-{step:08d}.pt"
-        target = self.path / f"step-{step:08d}.pt"
-        _atomic_save(payload, target)
-        for old in self.step_files()[: -self.keep_last]:  # only once the new one is safely written
-            try:
-                old.unlink()
-            except OSError as error:
-                raise CheckpointError(f"cannot delete old checkpoint {old}: {error.strerror}") from None
+        target = self.path / f"step-{step:08d}"
+        _save_sharded(payload, target, self.manage)
+        if self.manage:
+            for old in self.step_files()[: -self.keep_last]:  # only once the new one is complete
+                try:
+                    shutil.rmtree(old)
+                except OSError as error:
+                    raise CheckpointError(f"cannot delete old checkpoint {old}: {error.strerror}") from None
         return target
 
     def save_best(self, payload: dict) -> Path:
-        if not self.write:
-            return self.path / "best.pt"
-        target = self.path / "best.pt"
-        _atomic_save(payload, target)
+        target = self.path / "best"
+        _save_sharded(payload, target, self.manage)
         return target
 
-    def load_latest(self) -> tuple[Path, dict] | None:
-        """The newest readable step checkpoint; an unreadable newer one is reported and skipped."""
+    def load_latest(self, into: dict) -> tuple[Path, dict] | None:
+        """The newest intact step checkpoint, its shards loaded into `into` (the model's and
+        optimizer's, from Engine.state_dict()) in place; a damaged newer one is reported and
+        skipped. Every rank verifies its share of the files, and all agree on the result."""
         files = self.step_files() if self.path.is_dir() else []
         if not files:
             return None
+        rank, world_size = dist.get_rank(), dist.get_world_size()
         problems = []
         for path in reversed(files):
             try:
-                return path, load(path)
+                state = _read_state(path)
+                _verify(path, state["files"], share=slice(rank, None, world_size))
+                problem = None
             except CheckpointError as error:
-                problems.append(str(error))
-                print(f"warning: {error}; trying the previous checkpoint")
+                problem = str(error)
+            found = [p for p in all_gather(problem) if p]
+            if found:
+                problems.append(found[0])
+                if rank == 0:
+                    print(f"warning: {found[0]}; trying the previous checkpoint")
+                continue
+            shards = {name: into[name] for name in SHARDED}
+            dcp.load(shards, checkpoint_id=path)  # resharded to this number of processes
+            return path, {**state, **shards}
         raise CheckpointError(
             f"no usable checkpoint in {self.path}: {'; '.join(problems)}. Move them aside to start afresh."
         )
 
 
 def load(path: Path) -> dict:
+    """A checkpoint's contents on this one process, verified: the model's weights whole (as a
+    plain model's state_dict()), the optimizer's tensors by their flat names, and state.pt's."""
+    path = Path(path)
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint folder of this project")
+    state = _read_state(path)
+    _verify(path, state["files"], share=slice(None))
+    metadata = FileSystemReader(path).read_metadata().state_dict_metadata
+    tensors = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.items()
+        if isinstance(meta, TensorStorageMetadata)
+    }
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:  # truncated, zero bytes, garbage: torch raises several types
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp.load(tensors, checkpoint_id=path, no_dist=True)
+    except Exception as error:  # a file changed under us, say: DCP raises several types
         raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__})") from None
-    if not isinstance(payload, dict) or not payload.keys() >= REQUIRED_KEYS:
+    model = {key.removeprefix("model."): t for key, t in tensors.items() if key.startswith("model.")}
+    optimizer = {key: t for key, t in tensors.items() if key.startswith("optimizer.")}
+    return {**state, "model": model, "optimizer": optimizer}
+
+
+def _read_state(path: Path) -> dict:
+    try:
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} has no {STATE_FILE}") from None
+    except Exception as error:  # truncated, zero bytes, garbage: torch raises several types
+        reason = type(error).__name__
+        raise CheckpointError(f"checkpoint {path} has an unreadable {STATE_FILE} ({reason})") from None
+    if not isinstance(state, dict) or not state.keys() >= REQUIRED_KEYS | {"digest"}:
         raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
-    if "digest" not in payload:  # written by this project before its checkpoints carried one
-        print(f"warning: checkpoint {path} has no digest (an older version wrote it): loaded unverified")
-        return payload
-    if payload.pop("digest") != digest(payload):
-        raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match its digest)")
-    return payload
+    if state.pop("digest") != digest(state):
+        raise CheckpointError(f"checkpoint {path} is damaged ({STATE_FILE} does not match its digest)")
+    return state
+
+
+def _verify(path: Path, files: dict, share: slice) -> None:
+    """Checks the files in `share` of the sorted names against their digests in state.pt."""
+    present = {p.name for p in path.iterdir()} - {STATE_FILE}
+    if present != files.keys():
+        raise CheckpointError(f"checkpoint {path} has other files than it was written with")
+    for name in sorted(files)[share]:
+        if _file_digest(path / name) != files[name]:
+            raise CheckpointError(f"checkpoint {path} is damaged ({name} does not match its digest)")
+
+
+def _file_digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
 
 
 def digest(payload: dict) -> str:
@@ -164,28 +234,69 @@ def digest(payload: dict) -> str:
     return sha.hexdigest()
 
 
-def _atomic_save(payload: dict, target: Path) -> None:
+def _save_sharded(payload: dict, target: Path, manage: bool) -> None:
+    """Every rank writes its shards into a temporary folder; once all have, rank 0 writes
+    state.pt (with each shard file's digest, each rank hashing its share) and renames the folder
+    into place. A failure on any rank leaves the previous checkpoint as it was."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        if manage:
+            shutil.rmtree(tmp, ignore_errors=True)
+        barrier()
+        dcp.save({name: payload[name] for name in SHARDED}, checkpoint_id=tmp)  # fsyncs its files
+        names = sorted(p.name for p in tmp.iterdir())
+        mine = {name: _file_digest(tmp / name) for name in names[rank::world_size]}
+        files = {name: d for share in all_gather(mine) for name, d in share.items()}
+        if manage:
+            state = {k: v for k, v in payload.items() if k not in SHARDED} | {"files": files}
+            _write_file({**state, "digest": digest(state)}, tmp / STATE_FILE)
+            _fsync(tmp)
+            old = target.with_name(f".{target.name}.old.tmp")
+            if target.exists():  # best/, replaced: _prepare puts it back after a crash in between
+                os.replace(target, old)
+            os.replace(tmp, target)
+            _fsync(target.parent)  # makes the rename itself durable
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException as error:  # the previous checkpoint stays; the temporary folder goes
+        if manage:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None
+        if isinstance(error, dcp.api.CheckpointException):  # a rank's write failed: every rank raises
+            raise CheckpointError(f"cannot write checkpoint {target}: {str(error).splitlines()[0]}") from None
+        raise
+    barrier()  # every rank goes on with the checkpoint in place
+
+
+def export(checkpoint: Path, out: Path) -> Path:
+    """The model's weights of a checkpoint folder, whole, as one plain state_dict file: on one
+    process, `model.load_state_dict(torch.load(out, weights_only=True))`."""
+    _write_file(load(checkpoint)["model"], out)
+    return out
+
+
+def _fsync(path: Path) -> None:
+    directory = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def _write_file(payload: dict, target: Path) -> None:
+    """torch.save to a temporary file, fsynced, then renamed over `target`."""
     tmp = target.with_name(f".{target.name}.tmp")
     try:
         with tmp.open("wb") as f:
-            torch.save({**payload, "digest": digest(payload)}, f)
+            torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
-        directory = os.open(target.parent, os.O_RDONLY)
-        try:
-            os.fsync(directory)  # makes the rename itself durable
-        finally:
-            os.close(directory)
-    except BaseException as error:  # the previous checkpoint stays; the temporary file goes
+        _fsync(target.parent)
+    except BaseException as error:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        if isinstance(error.__context__, KeyboardInterrupt):  # torch's writer fails after an abort
-            raise error.__context__ from None
         if isinstance(error, OSError):
-            raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None
-        if isinstance(error, RuntimeError):  # torch's zip writer, after a failed write() say
-            cause = error.__context__
-            reason = cause.strerror if isinstance(cause, OSError) else str(error).splitlines()[0]
-            raise CheckpointError(f"cannot write checkpoint {target}: {reason}") from None
+            raise CheckpointError(f"cannot write {target}: {error.strerror}") from None
         raise

@@ -53,12 +53,12 @@ class Config:
     grad_clip: float = fixed(1.0)  # max global gradient norm: exploding gradients stay silent until NaN
     # validation and early stopping
     eval_every: int = 0  # steps between validations; 0: every epoch, at most EVAL_EVERY_MAX apart
-    patience: int = 10  # validations without improvement before stopping early (best.pt is kept); 0: never
+    patience: int = 10  # validations without improvement before stopping early (best is kept); 0: never
     # bookkeeping
     run_dir: str = "runs/default"  # run.json, metrics.jsonl and checkpoints/; reused to resume
     log_every: int = 10  # steps between logged train records (the only host syncs in the loop)
     ckpt_every: int = 500  # steps between checkpoints
-    keep_last: int = 3  # step checkpoints kept; best.pt is kept besides them
+    keep_last: int = 3  # step checkpoints kept; best is kept besides them
     tracking_uri: str | None = None  # an MLflow server or database; None: a file store in run_dir/mlruns
     seed: int = fixed(0)  # seeds Python, NumPy and torch; with the epoch, fixes the sample order
     device: str = "cuda"  # --device cpu runs this project on a machine without the cuda device

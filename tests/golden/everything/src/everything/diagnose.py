@@ -50,7 +50,7 @@ CHECKS = {  # the first checks the training rules give, by finding
     "flat": "gradients not flowing (requires_grad, detached tensors); learning rate far too low; "
     "labels misaligned",
     "overfitting": "more data or augmentation; regularisation (--dropout, --weight-decay); "
-    "early stopping (--patience) and best.pt",
+    "early stopping (--patience) and best",
     "val-better-than-train": "dropout or augmentation only in train (normal), or leakage between splits",
     "split-leak": "the same examples in both splits (duplicated rows?): deduplicate before splitting",
     "spiky": "learning rate too high or no warmup (--warmup-steps); bad samples (inspect-data); "
@@ -195,9 +195,9 @@ def find_overfitting(run: Run) -> list[Finding]:
         return []
     finished, cfg = run.record.get("finished") or {}, run.config
     if finished.get("step", math.inf) < cfg.get("max_steps", 0) and len(after) >= cfg.get("patience", 0) > 0:
-        return []  # early stopping caught it, the rules' own remedy, and best.pt holds the best point
+        return []  # early stopping caught it, the rules' own remedy, and best holds the best point
     evidence = (
-        f"val loss best {best['loss']:.4g} at step {best['step']} (checkpoints/best.pt), "
+        f"val loss best {best['loss']:.4g} at step {best['step']} (checkpoints/best), "
         f"{after[-1]['loss']:.4g} by step {after[-1]['step']} over {len(after)} validations, "
         f"while train loss fell {train_then:.4g} -> {train_now:.4g}"
     )

@@ -1,12 +1,14 @@
-"""Distributed data parallel: one process per GPU, started by torchrun.
+"""Fully sharded data parallel (FSDP2): one process per GPU, started by torchrun.
 
     torchrun --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29500 \\
         --max-restarts 3 -m everything train
     python -m everything train  # one plain process: a group of one
 
 The scripts/ folder has the single-node, multi-node and SLURM launchers. Each rank trains on its
-own slice of every global batch; gradients are averaged by DDP; rank 0 alone writes run.json,
-metrics.jsonl and checkpoints.
+own slice of every global batch. Each rank holds 1/N of every parameter, gradient and optimizer
+state (engine.wrap shards the model): a block's full weights are gathered for its forward and
+backward only, and gradients are reduce-scattered to their shards. Rank 0 alone writes run.json
+and metrics.jsonl; every rank writes its shards of each checkpoint (checkpoint.py).
 """
 
 import os
@@ -78,8 +80,8 @@ def any_rank_max(value: int) -> int:
 
 
 def broadcast_buffers(module: torch.nn.Module) -> None:
-    """Rank 0's buffers (BatchNorm's running statistics) on every rank. DDP runs without a buffer
-    broadcast in each forward (engine.wrap), so the ranks' statistics drift apart in training;
+    """Rank 0's buffers (BatchNorm's running statistics) on every rank. FSDP shards parameters,
+    not buffers: each rank updates its own copy, so the ranks' statistics drift apart in training;
     before a validation they become rank 0's, the ones its checkpoints hold, so every rank
     evaluates one model, the same after a resume as without one."""
     for buffer in module.buffers():

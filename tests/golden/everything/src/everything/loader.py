@@ -160,6 +160,7 @@ def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None 
     this process's rank of `group` (by default init_distributed's: a group of one outside torchrun).
 
     Validation batches are dealt out to the ranks in turn: together they cover every example once.
+    Every rank gets as many validation batches as the others.
     """
     group = group or init_distributed(device.type)
     rank, world_size = group.rank, group.world_size
@@ -170,7 +171,14 @@ def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None 
             f"{n_train} training examples make no full batch of {cfg.batch_size} x {world_size} ranks:"
             " lower --batch-size"
         )
-    val_batches = [(0, b) for b in torch.arange(len(splits.val)).split(cfg.batch_size)][rank::world_size]
+    # Every rank the same number of batches: each forward gathers the shards, so a rank with a
+    # batch more would wait for the others forever. Batches of near-equal size, at most batch_size.
+    if len(splits.val) < world_size:
+        raise ConfigError(f"{len(splits.val)} validation examples for {world_size} ranks: each needs one")
+    n_batches = -(-len(splits.val) // (cfg.batch_size * world_size)) * world_size
+    n_batches = min(n_batches, len(splits.val) // world_size * world_size)  # none of them empty
+    chunks = torch.arange(len(splits.val)).tensor_split(n_batches)
+    val_batches = [(0, b) for b in chunks][rank::world_size]
     common = {
         "collate_fn": _as_read,
         "num_workers": cfg.num_workers,

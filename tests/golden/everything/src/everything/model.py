@@ -12,7 +12,7 @@ What the rest of the project needs from this file:
 - `Metrics`: adds validation results up on the device in two tensors, `sums` and `count`
   (summed over processes when training is distributed); `update(output, targets, loss)` gets
   each batch with its compute_loss; `compute()` returns a dict with "loss" (used for early
-  stopping and best.pt) and any other figures you want logged.
+  stopping and best) and any other figures you want logged.
 - The output's first dimension is the batch, and no example's output may depend on another
   example's input, nor on the padding after it (`check batch` proves both).
 """

@@ -79,7 +79,7 @@ def report(run_dir: str, since: str | None = None) -> str:
     if run.val:
         best = min(run.val, key=lambda r: r["loss"])
         shown = ", ".join(f"{k} {v:.4g}" for k, v in best.items() if k not in ("step", "split"))
-        best_checkpoint = run.dir / "checkpoints" / "best.pt"
+        best_checkpoint = run.dir / "checkpoints" / "best"
         lines.append(f"**Results:** best val {shown} at step {best['step']}; checkpoint {best_checkpoint}")
     else:
         lines.append("**Results:** no validation yet")

@@ -62,7 +62,7 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
 
     expected = [r["loss"] for r in read_metrics(first) if r["split"] == "train"]
     got = [r["loss"] for r in read_metrics(second) if r["split"] == "train"]
-    end = f"checkpoints/step-{2 * n:08d}.pt"
+    end = f"checkpoints/step-{2 * n:08d}"
     a, b = load(first / end), load(second / end)
     same_state = _equal(a["model"], b["model"]) and _equal(a["optimizer"], b["optimizer"])
     equal = sum(x == y for x, y in zip(expected[n:], got[n:], strict=False))
@@ -70,7 +70,7 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
         [r["loss"] for r in read_metrics(run) if r["split"] == "val" and r["step"] > n]
         for run in (first, second)
     )
-    at_n = load(second / f"checkpoints/step-{n:08d}.pt")["state"]
+    at_n = load(second / f"checkpoints/step-{n:08d}")["state"]
     crossed = b["state"]["epoch"] - at_n["epoch"]
     validations = sum(1 for r in read_metrics(second) if r["split"] == "val" and n < r["step"] <= 2 * n)
     where = f"micro-batch {at_n['batch_in_epoch']} of epoch {at_n['epoch']}"
@@ -104,8 +104,8 @@ def _resume_point(micro_per_epoch: int, accum: int) -> tuple[int, bool]:
 def _as_crashed(first: Path, second: Path, n: int) -> None:
     shutil.copytree(first, second)
     for path in (second / "checkpoints").iterdir():
-        if path.name != f"step-{n:08d}.pt":
-            path.unlink()
+        if path.name != f"step-{n:08d}":
+            shutil.rmtree(path)  # a checkpoint is a folder of shards
 
 
 def _scramble_global_rngs() -> None:

@@ -76,7 +76,7 @@ def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
 
     On a small data set an epoch is a few steps and the model can overfit long before a fixed
     eval_every comes round: with --eval-every 0 it validates every epoch (at most EVAL_EVERY_MAX
-    steps apart), so early stopping and best.pt see the best point.
+    steps apart), so early stopping and best see the best point.
     """
     steps_per_epoch = max(1, sampler.batches_per_epoch() // cfg.grad_accum_steps)
     size = f"{sampler.n_examples:,} training examples make {steps_per_epoch:,} steps an epoch"
@@ -87,14 +87,19 @@ def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
     else:
         every, why = EVAL_EVERY_MAX, f"every {EVAL_EVERY_MAX} steps, as epochs are long"
     stop = f"early stop after {cfg.patience} without improvement" if cfg.patience else "no early stop"
-    return every, f"plan: {size}: validating every {every} steps ({why}), {stop}, best.pt kept"
+    return every, f"plan: {size}: validating every {every} steps ({why}), {stop}, best kept"
 
 
-def check_resumable(checkpoint: dict, cfg: Config, splits: Splits, world_size: int) -> None:
-    if len(checkpoint["rng"]) != world_size:
-        raise ConfigError(
-            f"{cfg.run_dir} was trained by {len(checkpoint['rng'])} processes: resume it with as many "
-            f"(--nproc-per-node x --nnodes), not {world_size}"
+def check_resumable(checkpoint: dict, cfg: Config, splits: Splits, world_size: int) -> str | None:
+    """Refuses other settings; a note on what a resume on another number of processes keeps."""
+    saved_world = len(checkpoint["rng"])
+    note = None
+    if saved_world != world_size:
+        note = (
+            f"{cfg.run_dir} was trained by {saved_world} processes, resumed by {world_size}: the model and"
+            f" optimizer are resharded exactly; the global batch becomes {world_size} x {cfg.batch_size}"
+            " examples, the epoch goes on from the first batch not wholly trained on, and ranks"
+            f" {saved_world}+ start fresh random streams (see README: Distributed training)"
         )
     saved = checkpoint["config"]
     changed = [
@@ -112,6 +117,13 @@ def check_resumable(checkpoint: dict, cfg: Config, splits: Splits, world_size: i
             f"{cfg.run_dir} holds a run with other settings ({'; '.join(changed)}): "
             "resume with its settings, or start a new --run-dir"
         )
+    return note
+
+
+def reshard_position(state: TrainState, saved_world: int, world_size: int) -> None:
+    """The epoch's position in global batches of this many processes: the first global batch
+    with an example not trained on (the examples before it in this epoch are not seen again)."""
+    state.batch_in_epoch = state.batch_in_epoch * saved_world // world_size
 
 
 def train(cfg: Config, quiet: bool = False) -> dict:
@@ -132,17 +144,20 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
     engine = Engine(cfg, splits, device)
     state = TrainState()
     run = RunLog(Path(cfg.run_dir)) if group.is_main else SilentRunLog()  # rank 0 alone writes
-    checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, write=group.is_main)
+    checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, manage=group.is_main)
     say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
-    latest = checkpoints.load_latest()
+    latest = checkpoints.load_latest(into=engine.state_dict())  # this rank's shards, loaded in place
     record = run_record(cfg, splits.describe(), PRECISION)  # run.json, unless resuming
     if latest is None:
         run.start(record)
         state.schedule_steps = cfg.max_steps
     else:
         path, checkpoint = latest
-        check_resumable(checkpoint, cfg, splits, group.world_size)
+        reshard = check_resumable(checkpoint, cfg, splits, group.world_size)
         state = TrainState(**checkpoint["state"])
+        if reshard:
+            reshard_position(state, len(checkpoint["rng"]), group.world_size)
+            say(f"warning: {reshard}")
         state.schedule_steps = state.schedule_steps or checkpoint["config"]["max_steps"]
         if state.schedule_steps != cfg.max_steps:  # a raised --max-steps: past the horizon, min_lr
             engine.keep_schedule(cfg, state.schedule_steps)
@@ -162,10 +177,12 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
     say(plan)
     waits = [0.0, 0.0]  # seconds spent waiting for the next batch, and in training steps in all
     batches = waited(micro_batches(train_loader, sampler, state), waits)
-    if latest is not None:
+    if latest is not None and group.rank < len(checkpoint["rng"]):  # ranks a reshard adds: seeded
         set_rng_state(checkpoint["rng"][group.rank])  # last: nothing above may consume these streams
 
     def payload() -> dict:
+        # One copy of the unsharded buffers is saved, from any rank: make it rank 0's, on every rank.
+        broadcast_buffers(engine.model)
         return {
             **engine.state_dict(),
             "state": asdict(state),
@@ -240,7 +257,7 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
             "step": state.step,
             "best_val_loss": state.best_val_loss,
             "best_step": state.best_step,
-            "best_checkpoint": str(checkpoints.path / "best.pt"),
+            "best_checkpoint": str(checkpoints.path / "best"),
             "seconds": seconds,
             "examples_per_s": examples / seconds if seconds > 0 else math.nan,
             "data_wait_share": waits[0] / waits[1] if waits[1] > 0 else math.nan,  # of the steps' time
