@@ -22,9 +22,10 @@ def test_the_primaries_get_check_all_and_every_other_combination_is_their_twin()
         primary = by_id[plan.primary]
         differs = {k for k in answers if answers[k] != primary[k]}
         assert differs and differs <= {"tracker", "device"}
-        # a cross (a tracker on another device) runs check init; its two halves, each differing
-        # in one answer, run the resume check
-        assert plan.which == ("init" if differs == {"tracker", "device"} else "resume")
+        # a cross (a tracker on another device, or an fsdp twin: its ddp sibling is in the run)
+        # runs check init; a cross's two halves, each differing in one answer, the resume check
+        cross = differs == {"tracker", "device"} or answers["distributed"] == "fsdp"
+        assert plan.which == ("init" if cross else "resume")
         assert plan.options == ({"no_compile": None} if answers["compile"] else {})
     # every family (the answers twins share) has exactly one primary
     families = collections.Counter(matrix.family(c) for c in primaries)
@@ -43,9 +44,27 @@ def test_a_twin_without_its_primary_in_the_run_gets_every_check():
 
     # without the device twins (tracker none), a tracker on cuda runs its own resume check
     custom = matrix.select(matrix.combinations(), ["task=custom"])
-    no_device_twins = [c for c in custom if c["tracker"] != "none" or c["device"] == "cpu"]
+    no_device_twins = [
+        c
+        for c in custom
+        if (c["tracker"] != "none" or c["device"] == "cpu") and c["distributed"] != "fsdp"
+    ]
     plans = matrix.plans(no_device_twins)
     assert {p.which for p in plans} == {"all", "resume"}
+
+
+def test_an_fsdp_twin_is_a_cross_exactly_when_its_ddp_sibling_is_in_the_run():
+    combos = matrix.select(matrix.combinations(), ["task=regression"])
+    fsdp_only = [c for c in combos if c["distributed"] == "fsdp"]
+    for run in (combos, fsdp_only):
+        present = {combination_id(c) for c in run}
+        for answers, plan in zip(run, matrix.plans(run), strict=True):
+            if answers["distributed"] != "fsdp" or plan.which == "all":
+                continue
+            sibling = combination_id({**answers, "distributed": "ddp"}) in present
+            double = answers["tracker"] != "none" and answers["device"] != "cpu"
+            assert plan.which == ("init" if sibling or double else "resume")
+    assert "resume" in {p.which for p in matrix.plans(fsdp_only)}  # no sibling: its own resume
 
 
 def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
@@ -53,8 +72,15 @@ def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
     plans = matrix.plans(combos)
     crosses = [c for c, p in zip(combos, plans, strict=True) if p.which == "init"]
     assert crosses
-    assert all(c["tracker"] != "none" and c["device"] != "cpu" for c in crosses)
-    assert len(crosses) == sum(c["tracker"] != "none" and c["device"] != "cpu" for c in combos)
+
+    def differs_in_both(c):
+        return c["tracker"] != "none" and c["device"] != "cpu"
+
+    def fsdp_twin(c):
+        return c["distributed"] == "fsdp" and (c["tracker"] != "none" or c["device"] != "cpu")
+
+    assert all(differs_in_both(c) or fsdp_twin(c) for c in crosses)
+    assert len(crosses) == sum(differs_in_both(c) or fsdp_twin(c) for c in combos)
     kinds = [plans[i].which for i in matrix.schedule(combos, plans)]
     assert set(kinds[kinds.index("init") :]) == {"init"}
 
