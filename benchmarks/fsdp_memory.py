@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from {package}.config import Config
 from {package}.data import load_splits
+from {package}.distributed import shutdown
 from {package}.engine import Engine, setup, train_step
 from {package}.loader import build_loaders
 
@@ -63,7 +64,7 @@ gathered = [None] * dist.get_world_size()
 dist.all_gather_object(gathered, mine)
 if dist.get_rank() == 0:
     print("RESULT " + json.dumps(gathered), flush=True)
-dist.destroy_process_group()
+shutdown()  # the project's: lets gloo's threads finish before the process group goes
 """
 
 
@@ -119,6 +120,9 @@ def main() -> None:
             print(f"{kind:6}{rank:>5}{r['params'] / mib:>12.1f}{r['grads'] / mib:>11.1f}"
                   f"{r['optimizer'] / mib:>11.1f}{total / mib:>10.1f}"
                   f"{r['peak_rss'] / mib:>14.0f}")  # fmt: skip
+    rss = {kind: max(r["peak_rss"] for r in ranks) for kind, ranks in results.items()}
+    print(f"peak RSS, the largest rank: fsdp / ddp = {rss['fsdp'] / rss['ddp']:.3f} (torch itself,"
+          " and the whole model each rank builds before it shards it, included)")  # fmt: skip
     ratio = max(sums["fsdp"]) / max(sums["ddp"])
     print(f"parameters + gradients + optimizer state, the largest rank: fsdp / ddp = {ratio:.3f}"
           f" (1 / {args.nproc} = {1 / args.nproc:.3f})")  # fmt: skip
