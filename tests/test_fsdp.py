@@ -119,7 +119,7 @@ import torch
 import torch.distributed as dist
 from pathlib import Path
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-from {package}.checkpoint import CheckpointDir, load
+from {package}.checkpoint import CheckpointDir, load, load_shards
 from {package}.config import Config
 from {package}.data import load_splits
 from {package}.engine import Engine, setup
@@ -129,7 +129,8 @@ device = setup(cfg)
 engine = Engine(cfg, load_splits(cfg), device)
 rank = dist.get_rank()
 checkpoints = CheckpointDir(Path(sys.argv[1]), keep_last=3, manage=rank == 0)
-path, checkpoint = checkpoints.load_latest(into=engine.state_dict())
+path, checkpoint = checkpoints.load_latest()
+checkpoint |= load_shards(path, engine.state_dict())
 engine.load_state_dict(checkpoint)
 whole = load(path)  # the checkpoint as written, on this one process
 full = StateDictOptions(full_state_dict=True)
@@ -282,3 +283,20 @@ def test_a_killed_worker_is_restarted_by_torchrun_and_the_run_ends_bit_identical
     assert len(resumed) == 1 and resumed[0].endswith(("at step 20", "at step 30")), log[-3000:]
     run_dir = project / "runs" / "restarted"
     assert records(run_dir) == records(two_process_run)  # bit for bit
+
+
+def test_a_resume_with_another_model_size_is_refused_in_one_line(project, two_process_run):
+    """The settings are compared before any shard loads: a wider model gets the one line naming
+    the change, not DCP's shape error from every rank."""
+    run_dir = project / "runs" / "wider"
+    subprocess.run(["cp", "-r", str(two_process_run), str(run_dir)], check=True)
+    command = _torchrun(project, "train", "--run-dir", "runs/wider", "--max-steps", "50",
+                        "--batch-size", "16", *SMALL, "--hidden-dim", "64",
+                        extra=("--nnodes", "1"))  # fmt: skip
+    done = subprocess.run(command, cwd=project, env=_env_ddp(project), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode != 0
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "hidden_dim" in errors[0] and "-> 64" in errors[0], done.stderr
+    assert "[rank0]: Traceback" not in done.stderr and "[rank1]: Traceback" not in done.stderr
+    assert records(run_dir) == records(two_process_run)  # left as it was

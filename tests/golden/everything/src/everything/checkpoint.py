@@ -120,10 +120,10 @@ class CheckpointDir:
         _save_sharded(payload, target, self.manage)
         return target
 
-    def load_latest(self, into: dict) -> tuple[Path, dict] | None:
-        """The newest intact step checkpoint, its shards loaded into `into` (the model's and
-        optimizer's, from Engine.state_dict()) in place; a damaged newer one is reported and
-        skipped. Every rank verifies its share of the files, and all agree on the result."""
+    def load_latest(self) -> tuple[Path, dict] | None:
+        """The newest intact step checkpoint and its state.pt; a damaged newer one is reported and
+        skipped. Every rank verifies its share of the files, and all agree on the result. Its
+        shards load with load_shards, once the run's settings are known to match."""
         files = self.step_files() if self.path.is_dir() else []
         if not files:
             return None
@@ -142,12 +142,22 @@ class CheckpointDir:
                 if rank == 0:
                     print(f"warning: {found[0]}; trying the previous checkpoint")
                 continue
-            shards = {name: into[name] for name in SHARDED}
-            dcp.load(shards, checkpoint_id=path)  # resharded to this number of processes
-            return path, {**state, **shards}
+            return path, state
         raise CheckpointError(
             f"no usable checkpoint in {self.path}: {'; '.join(problems)}. Move them aside to start afresh."
         )
+
+
+def load_shards(path: Path, into: dict) -> dict:
+    """The model's and optimizer's shards of a checkpoint, loaded in place into `into` (this
+    rank's, from Engine.state_dict()): resharded to however many processes load them."""
+    shards = {name: into[name] for name in SHARDED}
+    try:
+        dcp.load(shards, checkpoint_id=path)
+    except Exception as error:  # DCP raises CheckpointException for any rank's failure
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CheckpointError(f"checkpoint {path} does not load into this model: {reason}") from None
+    return shards
 
 
 def load(path: Path) -> dict:

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from .checkpoint import CheckpointDir, rng_state, set_rng_state
+from .checkpoint import CheckpointDir, load_shards, rng_state, set_rng_state
 from .config import EVAL_EVERY_MAX, RESUME_FIXED, Config, ConfigError
 from .data import Splits, load_splits
 from .distributed import all_gather, all_reduce_sum, any_rank_max, broadcast_buffers, init_distributed
@@ -146,7 +146,7 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
     run = RunLog(Path(cfg.run_dir)) if group.is_main else SilentRunLog()  # rank 0 alone writes
     checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, manage=group.is_main)
     say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
-    latest = checkpoints.load_latest(into=engine.state_dict())  # this rank's shards, loaded in place
+    latest = checkpoints.load_latest()
     record = run_record(cfg, splits.describe(), PRECISION)  # run.json, unless resuming
     if latest is None:
         run.start(record)
@@ -158,6 +158,7 @@ def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
         if reshard:
             reshard_position(state, len(checkpoint["rng"]), group.world_size)
             say(f"warning: {reshard}")
+        checkpoint |= load_shards(path, engine.state_dict())  # this rank's, in place
         state.schedule_steps = state.schedule_steps or checkpoint["config"]["max_steps"]
         if state.schedule_steps != cfg.max_steps:  # a raised --max-steps: past the horizon, min_lr
             engine.keep_schedule(cfg, state.schedule_steps)
