@@ -164,6 +164,8 @@ def load(path: Path) -> dict:
     """A checkpoint's contents on this one process, verified: the model's weights whole (as a
     plain model's state_dict()), the optimizer's tensors by their flat names, and state.pt's."""
     path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
     if not path.is_dir():
         raise CheckpointError(f"checkpoint {path} is not a checkpoint folder of this project")
     state = _read_state(path)
