@@ -93,6 +93,11 @@ def test_a_checkpoint_is_a_folder_of_shards_and_export_writes_plain_weights(
     command = [sys.executable, "-m", PACKAGE, "export", "--checkpoint", newest, "--out", out]
     done = subprocess.run(command, cwd=project, env=_env(project), capture_output=True, text=True)
     assert done.returncode == 0 and "wrote" in done.stdout, done.stderr
+    missing = ["export", "--checkpoint", "runs/none/checkpoints/best"]
+    refused = subprocess.run([sys.executable, "-m", PACKAGE, *missing], cwd=project,
+                             env=_env(project), capture_output=True, text=True)  # fmt: skip
+    assert refused.returncode == 1 and not (project / "runs" / "none").exists()
+    assert refused.stderr == "error: checkpoint runs/none/checkpoints/best does not exist\n"
     check = f"""
 import torch
 from {PACKAGE}.config import Config
