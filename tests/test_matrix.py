@@ -164,14 +164,14 @@ def _running(pid: int) -> bool:
 
 @pytest.mark.slow
 def test_run_matrix_checks_real_projects_in_forked_processes(tmp_path):
-    """The default combination and its ddp twin, rendered, linted and checked."""
+    """The default combination and its ddp and fsdp siblings, rendered, linted and checked."""
     only = ["task=classification", "tracker=none", "device=cpu", "precision=fp32"]
     combos = matrix.select(matrix.combinations(), [*only, "grad_accum_steps=1", "compile=no"])
-    assert {c["distributed"] for c in combos} == {"none", "ddp"}
+    assert [c["distributed"] for c in combos] == ["none", "ddp", "fsdp"]
 
     outcomes = matrix.run_matrix(combos, jobs=2, workdir=tmp_path, keep=True, timeout=600)
 
-    assert [o.passed for o in outcomes] == [True, True], [o.tail() for o in outcomes]
+    assert [o.passed for o in outcomes] == [True, True, True], [o.tail() for o in outcomes]
     for i in range(len(outcomes)):
         log = (tmp_path / f"{i:04d}" / "check.log").read_text()
         assert "**Sanity:** overfit-one-batch loss" in log
