@@ -376,12 +376,16 @@ def test_a_second_ddp_launch_on_a_running_run_folder_is_refused(project):
         for line in first.stdout:
             if line.startswith("step 10/"):
                 break
+        lines: list[str] = []  # read on while the second starts: a full pipe would block the first
+        drain = threading.Thread(target=lambda: lines.extend(first.stdout), daemon=True)
+        drain.start()
         second = subprocess.run(launch(), cwd=project, env=_env_ddp(project),
                                 capture_output=True, text=True, timeout=300)  # fmt: skip
         still_running = first.poll() is None
         first.send_signal(signal.SIGTERM)
-        rest = first.stdout.read()
         first.wait(timeout=120)
+        drain.join(timeout=30)
+        rest = "".join(lines)
     finally:
         if first.poll() is None:
             _stop(first, "ddp_demo")
