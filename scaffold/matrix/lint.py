@@ -59,7 +59,8 @@ def lint_problems(project: Path, answers: dict[str, Any]) -> list[str]:
         ("torch.cuda.get_rng_state", device == "cuda", "cuda"),
         ("def sample(", answers.get("task") == "generation", "generation"),
     ]
-    expect += [(marker, multi, "ddp or fsdp") for marker in _DISTRIBUTED_MARKERS if marker != "torchrun"]
+    shared = [marker for marker in _DISTRIBUTED_MARKERS if marker != "torchrun"]  # source only
+    expect += [(marker, multi, "ddp or fsdp") for marker in shared]
     expect += [(marker, distributed == "ddp", "ddp") for marker in _DDP_MARKERS]
     expect += [(marker, distributed == "fsdp", "fsdp") for marker in _FSDP_MARKERS]
     expect += [
