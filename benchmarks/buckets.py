@@ -36,8 +36,8 @@ VARIANT = """
 import statistics, time, torch, torch._dynamo
 from {pkg}.config import Config
 from {pkg}.data import load_splits
-from {pkg}.engine import Engine, train_step
-from {pkg}.loader import build_loaders
+from {pkg}.runtime.engine import Engine, train_step
+from {pkg}.runtime.loader import build_loaders
 torch.manual_seed(0)
 cfg = Config(data={data!r}, num_workers=0, compile=False, {config})
 splits = load_splits(cfg)

@@ -22,7 +22,7 @@ from scaffold.render import new_project
 
 VARIANT = """
 import time, tracemalloc, numpy as np, torch
-from {pkg}.loader import EpochBatches
+from {pkg}.runtime.loader import EpochBatches
 n, batches = {n}, {batches}
 tracemalloc.start()
 start = time.perf_counter()

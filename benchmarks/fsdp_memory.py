@@ -30,9 +30,9 @@ import torch
 import torch.distributed as dist
 from {package}.config import Config
 from {package}.data import load_splits
-from {package}.distributed import shutdown
-from {package}.engine import Engine, setup, train_step
-from {package}.loader import build_loaders
+from {package}.runtime.distributed import shutdown
+from {package}.runtime.engine import Engine, setup, train_step
+from {package}.runtime.loader import build_loaders
 
 def local(t):
     return t.to_local() if hasattr(t, "to_local") else t

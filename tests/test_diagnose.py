@@ -38,7 +38,7 @@ def _diagnose_module(folder: Path, name: str, answers: dict):
     project = new_project(folder / name, answers, git=False).path
     sys.path.insert(0, str(project / "src"))
     try:
-        yield importlib.import_module(f"{name}.diagnose")
+        yield importlib.import_module(f"{name}.tools.diagnose")
     finally:
         sys.path.remove(str(project / "src"))
         for module in [m for m in sys.modules if m == name or m.startswith(f"{name}.")]:

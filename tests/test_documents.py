@@ -55,7 +55,7 @@ def test_pieces_predict_every_token_once_and_never_span_two_documents(project, f
 import json, numpy as np, torch
 from {{pkg}}.config import Config
 from {{pkg}}.data import PAD_TARGET, bucket_lengths, load_splits
-from {{pkg}}.loader import read_batch
+from {{pkg}}.runtime.loader import read_batch
 ds = load_splits(Config(data={str(folder)!r}, documents=True, block_size=16, batch_size=16)).train
 eot, stream = ds.eot, np.fromfile({str(folder / "train.bin")!r}, dtype=np.uint16)
 targets, sizes, widths = [], [], set()

@@ -236,8 +236,8 @@ def test_a_changed_loss_changes_validation_and_needs_its_overfit_floor(tmp_path)
         import torch, torch.nn.functional as F
         from smooth.config import Config
         from smooth.data import load_splits
-        from smooth.engine import Engine, evaluate, setup
-        from smooth.loader import build_loaders
+        from smooth.runtime.engine import Engine, evaluate, setup
+        from smooth.runtime.loader import build_loaders
         cfg = Config(device="cpu")
         device = setup(cfg)
         splits = load_splits(cfg)

@@ -124,10 +124,10 @@ import torch
 import torch.distributed as dist
 from pathlib import Path
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
-from {package}.checkpoint import CheckpointDir, load, load_shards
+from {package}.runtime.checkpoint import CheckpointDir, load, load_shards
 from {package}.config import Config
 from {package}.data import load_splits
-from {package}.engine import Engine, setup
+from {package}.runtime.engine import Engine, setup
 
 cfg = Config(max_train_examples=1024, batch_size=16, dropout=0.0, num_workers=0)
 device = setup(cfg)

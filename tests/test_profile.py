@@ -24,8 +24,8 @@ def proj(tmp_path_factory):
     sys.path.insert(0, str(project / "src"))
     try:
         modules = {
-            name: importlib.import_module(f"profproj.{name}")
-            for name in ("config", "profiling", "model", "data", "tune")
+            name.rpartition(".")[2]: importlib.import_module(f"profproj.{name}")
+            for name in ("config", "tools.profiling", "model", "data", "tools.tune")
         }
         yield modules, project
     finally:
@@ -193,7 +193,7 @@ def cuda_timing(tmp_path_factory):
     project = new_project(tmp_path_factory.mktemp("c") / "cudaproj", answers, git=False).path
     sys.path.insert(0, str(project / "src"))
     try:
-        yield importlib.import_module("cudaproj.timing")
+        yield importlib.import_module("cudaproj.tools.timing")
     finally:
         sys.path.remove(str(project / "src"))
         for name in [m for m in sys.modules if m == "cudaproj" or m.startswith("cudaproj.")]:

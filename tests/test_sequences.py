@@ -56,7 +56,7 @@ def test_padded_batches_take_the_bucket_lengths_and_mask_the_padding(project):
 import json, torch
 from {pkg}.config import Config
 from {pkg}.data import bucket_lengths, load_splits
-from {pkg}.loader import read_batch
+from {pkg}.runtime.loader import read_batch
 from {pkg}.model import compute_loss
 ds = load_splits(Config(data="rows.npz")).train
 widths = set(read_batch(ds, torch.arange(i, i + 2))[0].shape[1] for i in range(0, 400, 2))

@@ -293,7 +293,7 @@ def test_the_epoch_order_is_a_keyed_bijection_that_takes_no_memory(project):
     uninterrupted epoch's."""
     code = """
 import json, tracemalloc, numpy as np
-from {pkg}.loader import EpochBatches, Shuffle
+from {pkg}.runtime.loader import EpochBatches, Shuffle
 sizes = (1, 2, 3, 7, 64, 1000, 4099)
 bijective = all(sorted(Shuffle(n, 0, 0)[np.arange(n)].tolist()) == list(range(n)) for n in sizes)
 a, b, c = (Shuffle(5000, s, e)[np.arange(5000)] for s, e in ((0, 0), (0, 1), (1, 0)))

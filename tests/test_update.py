@@ -115,7 +115,7 @@ def test_answer_change_keeps_the_edit_and_brings_the_new_code(scaffold, tmp_path
     assert ran.exit_code == 0, ran.stderr
     assert "precision: fp32 -> bf16" in ran.stdout and "Updated" in ran.stdout
     owner_work_is_intact(project)
-    assert "AMP_DTYPE = torch.bfloat16" in (project / "src/demo/engine.py").read_text()
+    assert "AMP_DTYPE = torch.bfloat16" in (project / "src/demo/runtime/engine.py").read_text()
     assert saved_answers(project)["precision"] == "bf16"
     merged_the_pristine_branch(project)
 
@@ -137,7 +137,7 @@ def test_tracker_arrives_in_an_edited_project(scaffold, tmp_path):
     owner_work_is_intact(project)
     assert saved_answers(project)["tracker"] == "tensorboard"
     assert '"tensorboard' in (project / "pyproject.toml").read_text()  # its dependency
-    sources = "".join(p.read_text() for p in (project / "src/demo").glob("*.py"))
+    sources = "".join(p.read_text() for p in (project / "src/demo").rglob("*.py"))
     assert "tensorboard" in sources.lower()
     merged_the_pristine_branch(project)
 

@@ -4,14 +4,14 @@ from dataclasses import replace
 
 import pytest
 
-from default.checks import (
+from default.config import Config
+from default.tools.checks import (
     check_batch_independence,
     check_initial_loss,
     check_loader,
     check_overfit,
 )
-from default.config import Config
-from default.resume_check import resume_matches
+from default.tools.resume_check import resume_matches
 
 
 @pytest.fixture

@@ -4,14 +4,14 @@ from dataclasses import replace
 
 import pytest
 
-from everything.checks import (
+from everything.config import Config
+from everything.tools.checks import (
     check_batch_independence,
     check_initial_loss,
     check_loader,
     check_overfit,
 )
-from everything.config import Config
-from everything.resume_check import resume_matches
+from everything.tools.resume_check import resume_matches
 
 
 @pytest.fixture

@@ -1,4 +1,5 @@
-"""The command line: train, check, and the commands that inspect, diagnose, profile and tune.
+"""Yours to extend: the command line: train, check, and the commands that inspect, diagnose,
+profile and tune.
 
     python -m default train [--data FILE] [--run-dir DIR] [--max-steps N] ...
     python -m default check [all|overfit|batch|init|loader|resume] ...
@@ -16,17 +17,17 @@ Every field of config.Config is an option; `train --help` lists them.
 import argparse
 import sys
 
-from .checkpoint import CheckpointError
-from .checks import run_checks
 from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
-from .diagnose import DiagnoseError, run_diagnose
-from .profiling import profile
-from .report import ReportError, plot, report
-from .runlog import RunDirError
-from .stopping import Aborted, RunFolderBusy
+from .runtime.checkpoint import CheckpointError
+from .runtime.runlog import RunDirError
+from .runtime.stopping import Aborted, RunFolderBusy
+from .tools.checks import run_checks
+from .tools.diagnose import DiagnoseError, run_diagnose
+from .tools.profiling import profile
+from .tools.report import ReportError, plot, report
+from .tools.tune import MEMORY_TARGET, RANGE_STEPS, find_batch_size, find_lr
 from .train import TrainingError, train
-from .tune import MEMORY_TARGET, RANGE_STEPS, find_batch_size, find_lr
 
 # Errors a user can act on: one line and exit 2 (the input or the run folder) or 1 (what happened).
 BAD_INPUT = (ConfigError, DataError, DiagnoseError, RunFolderBusy)

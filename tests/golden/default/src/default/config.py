@@ -1,4 +1,4 @@
-"""Training configuration: one dataclass of defaults; every field is a command-line option.
+"""Yours to edit: the training configuration, one dataclass of defaults; each field is an option.
 
 Change a default here, or override it for one run:
 

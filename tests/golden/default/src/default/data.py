@@ -1,4 +1,4 @@
-"""Data: feature vectors and class labels, and a held-out validation split.
+"""Yours to edit: the data, feature vectors and class labels, and a held-out validation split.
 
     python -m default inspect-data                  # the synthetic default
     python -m default inspect-data --data features.csv
@@ -33,7 +33,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .config import Config
-from .loader import read_batch
+from .runtime.loader import read_batch
 
 SPLIT_SEED = 20240601  # fixed, so every run (whatever its --seed) validates on the same examples
 

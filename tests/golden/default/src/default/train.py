@@ -1,11 +1,11 @@
-"""The training loop: data, the engine (engine.py), the loop with validation, checkpoints.
+"""Yours to edit: the training loop, top to bottom, with validation and checkpoints.
 
     python -m default train  # synthetic data, into runs/default
     python -m default train --data path/to/table.csv --run-dir runs/exp1
 
 Run it again with the same --run-dir to resume from the newest valid checkpoint: the run continues
 exactly as if it had never stopped. SIGTERM, Ctrl-C or SIGUSR1 stop it after the current step with
-that step's checkpoint written, exit status 128 + the signal (143, 130, 138); see stopping.py.
+that step's checkpoint written, exit status 128 + the signal (143, 130, 138); see runtime/stopping.py.
 """
 
 import math
@@ -17,13 +17,13 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .checkpoint import CheckpointDir, rng_state, set_rng_state
 from .config import EVAL_EVERY_MAX, RESUME_FIXED, Config, ConfigError
 from .data import Splits, load_splits
-from .engine import PRECISION, Engine, evaluate, setup, train_step
-from .loader import EpochBatches, build_loaders, close
-from .runlog import RunLog, run_record
-from .stopping import StopSignals
+from .runtime.checkpoint import CheckpointDir, rng_state, set_rng_state
+from .runtime.engine import PRECISION, Engine, evaluate, setup, train_step
+from .runtime.loader import EpochBatches, build_loaders, close
+from .runtime.runlog import RunLog, run_record
+from .runtime.stopping import StopSignals
 
 
 class TrainingError(RuntimeError):

@@ -1,4 +1,5 @@
-"""Data: yours to replace. The example learns a noisy curve, y = sin(2x) + 0.3x, from (x, y) pairs.
+"""Yours to edit (or replace): the data. The example learns a noisy curve, y = sin(2x) + 0.3x,
+from (x, y) pairs.
 
     python -m everything inspect-data                  # the synthetic example
     python -m everything inspect-data --data pairs.npz  # x (N, F), y (N,)
@@ -34,7 +35,7 @@ import torch
 from torch.utils.data import Dataset
 
 from .config import Config
-from .loader import read_batch, sample_rng
+from .runtime.loader import read_batch, sample_rng
 
 SPLIT_SEED = 20240601  # fixed, so every run (whatever its --seed) validates on the same examples
 

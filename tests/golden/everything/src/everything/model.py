@@ -1,6 +1,7 @@
-"""Model, loss and validation metrics: yours to replace. The example is a small MLP for the curve
-in data.py, trained with mean squared error; for sequences, an MLP over the running mean of the
-encoded rows, a causal model, so the padding after a sequence never reaches its outputs.
+"""Yours to edit (or replace): the model, its loss and validation metrics. The example is a small
+MLP for the curve in data.py, trained with mean squared error; for sequences, an MLP over the
+running mean of the encoded rows, a causal model, so the padding after a sequence never reaches
+its outputs.
 
 What the rest of the project needs from this file:
 

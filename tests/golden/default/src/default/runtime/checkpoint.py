@@ -1,0 +1,178 @@
+"""Machinery: checkpoints that resume a run exactly, written so that a crash never corrupts one.
+
+Each checkpoint holds the model (unwrapped), optimizer, scheduler,
+the training position, every RNG state, the config and the early-stopping state. It is written to a
+temporary file in the same folder, fsynced, then renamed over its final name, so a reader sees
+the old file or the new one, never half of one. Checkpoints hold only tensors and plain Python
+values: they load with `torch.load(weights_only=True)`, which never runs pickled code. Each carries
+a SHA-256 digest of its contents (every tensor's bytes, every value), checked on load: a flipped
+bit in the weights is reported, and the previous checkpoint used, as for a truncated file.
+"""
+
+import contextlib
+import hashlib
+import os
+import random
+import re
+from pathlib import Path
+
+import numpy as np
+import torch
+
+STEP_NAME = re.compile(r"step-(\d+)\.pt")
+REQUIRED_KEYS = {"model", "optimizer", "scheduler", "state", "rng", "config", "data"}
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint, or one that cannot be written; the message names the files."""
+
+
+def rng_state() -> dict:
+    numpy_state = np.random.get_state(legacy=False)
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+            "pos": numpy_state["state"]["pos"],
+            "has_gauss": numpy_state["has_gauss"],
+            "gauss": numpy_state["gauss"],
+        },
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    numpy_state = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
+            "has_gauss": numpy_state["has_gauss"],
+            "gauss": numpy_state["gauss"],
+        }
+    )
+    torch.set_rng_state(state["torch"])
+
+
+class CheckpointDir:
+    """`step-<n>.pt` every ckpt_every steps (the newest keep_last kept) and `best.pt`."""
+
+    def __init__(self, path: Path, keep_last: int) -> None:
+        self.path = path
+        self.keep_last = keep_last
+        self._prepare()
+
+    def _prepare(self) -> None:
+        """Makes the folder (RunLog made it in a run) and removes what a crash in the middle of a
+        save left."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            for stale in self.path.glob(".*.tmp"):
+                stale.unlink()
+        except OSError as error:
+            raise CheckpointError(f"cannot write checkpoints in {self.path}: {error.strerror}") from None
+
+    def step_files(self) -> list[Path]:
+        """Step checkpoints, oldest first."""
+        found = [(int(m.group(1)), p) for p in self.path.iterdir() if (m := STEP_NAME.fullmatch(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def save(self, payload: dict, step: int) -> Path:
+        target = self.path / f"step-{step:08d}.pt"
+        _atomic_save(payload, target)
+        for old in self.step_files()[: -self.keep_last]:  # only once the new one is safely written
+            try:
+                old.unlink()
+            except OSError as error:
+                raise CheckpointError(f"cannot delete old checkpoint {old}: {error.strerror}") from None
+        return target
+
+    def save_best(self, payload: dict) -> Path:
+        target = self.path / "best.pt"
+        _atomic_save(payload, target)
+        return target
+
+    def load_latest(self) -> tuple[Path, dict] | None:
+        """The newest readable step checkpoint; an unreadable newer one is reported and skipped."""
+        files = self.step_files() if self.path.is_dir() else []
+        if not files:
+            return None
+        problems = []
+        for path in reversed(files):
+            try:
+                return path, load(path)
+            except CheckpointError as error:
+                problems.append(str(error))
+                print(f"warning: {error}; trying the previous checkpoint")
+        raise CheckpointError(
+            f"no usable checkpoint in {self.path}: {'; '.join(problems)}. Move them aside to start afresh."
+        )
+
+
+def load(path: Path) -> dict:
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as error:  # truncated, zero bytes, garbage: torch raises several types
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__})") from None
+    if not isinstance(payload, dict) or not payload.keys() >= REQUIRED_KEYS:
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
+    if "digest" not in payload:  # written by this project before its checkpoints carried one
+        print(f"warning: checkpoint {path} has no digest (an older version wrote it): loaded unverified")
+        return payload
+    if payload.pop("digest") != digest(payload):
+        raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match its digest)")
+    return payload
+
+
+def digest(payload: dict) -> str:
+    """SHA-256 of every tensor's dtype, shape and bytes and of every other value, in order."""
+    sha = hashlib.sha256()
+
+    def feed(value) -> None:
+        if isinstance(value, torch.Tensor):
+            sha.update(f"tensor {value.dtype} {tuple(value.shape)}".encode())
+            sha.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        elif isinstance(value, dict):
+            sha.update(b"{")
+            for key, item in value.items():
+                feed(key)
+                feed(item)
+            sha.update(b"}")
+        elif isinstance(value, list | tuple):
+            sha.update(b"[")
+            for item in value:
+                feed(item)
+            sha.update(b"]")
+        else:
+            sha.update(f"{type(value).__name__} {value!r};".encode())
+
+    feed(payload)
+    return sha.hexdigest()
+
+
+def _atomic_save(payload: dict, target: Path) -> None:
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            torch.save({**payload, "digest": digest(payload)}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        directory = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(directory)  # makes the rename itself durable
+        finally:
+            os.close(directory)
+    except BaseException as error:  # the previous checkpoint stays; the temporary file goes
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(error.__context__, KeyboardInterrupt):  # torch's writer fails after an abort
+            raise error.__context__ from None
+        if isinstance(error, OSError):
+            raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None
+        if isinstance(error, RuntimeError):  # torch's zip writer, after a failed write() say
+            cause = error.__context__
+            reason = cause.strerror if isinstance(cause, OSError) else str(error).splitlines()[0]
+            raise CheckpointError(f"cannot write checkpoint {target}: {reason}") from None
+        raise

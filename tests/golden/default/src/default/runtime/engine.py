@@ -1,0 +1,104 @@
+"""Machinery: the training objects, built in one place: the model, the
+optimizer (optim.py); one optimizer step; one pass over the validation split.
+
+`train` and every check build them as one `Engine`, so a check proves the code that trains.
+"""
+
+import dataclasses
+import random
+
+import numpy as np
+import torch
+
+from ..config import Config, ConfigError
+from ..model import Metrics, build_model, compute_loss
+from ..optim import build_optimizer, lr_factor
+
+PRECISION = "fp32"
+
+
+def setup(cfg: Config) -> torch.device:
+    """The device, deterministic kernels if asked, and every global RNG seeded."""
+    device = torch.device(cfg.device)
+    available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
+    if not available[device.type]:
+        raise ConfigError(f"--device {cfg.device} is not available here: --device cpu runs anywhere")
+    if cfg.deterministic:
+        torch.use_deterministic_algorithms(True)
+        torch.set_num_threads(1)  # CPU reductions then add in one fixed order
+    seed = cfg.seed
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    return device
+
+
+class Engine:
+    """The objects a step changes, each saving and loading itself through state_dict()."""
+
+    def __init__(self, cfg: Config, splits, device: torch.device) -> None:
+        self.model = build_model(cfg, splits).to(device)  # plain: what checkpoints hold
+        self.forward = self.model  # what the loop calls
+        self.optimizer = build_optimizer(self.model, cfg)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
+
+    def keep_schedule(self, cfg: Config, horizon: int) -> None:
+        """Decays the learning rate over `horizon` steps, whatever cfg.max_steps now says."""
+        schedule = lr_factor(dataclasses.replace(cfg, max_steps=horizon))
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+
+    def parts(self) -> dict:
+        """What a checkpoint holds of the engine, by name."""
+        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
+
+    def state_dict(self) -> dict:
+        return {name: part.state_dict() for name, part in self.parts().items()}
+
+    def load_state_dict(self, state: dict) -> None:
+        for name, part in self.parts().items():
+            part.load_state_dict(state[name])
+
+
+def _unmarked(phase: str) -> None:
+    """train_step's `mark` in training: nothing is timed inside a step."""
+
+
+def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=_unmarked):
+    """One optimizer step over cfg.grad_accum_steps micro-batches.
+
+    Returns the mean loss and the gradient norm as tensors: reading them (.item()) waits for the
+    device, so the loop does that only on logging steps. `mark(phase)` is called as each phase
+    begins (data, copy, forward, backward, optimizer) and with "done" at the end: `profile`
+    times the phases with it.
+    """
+    losses = []  # each micro-batch's share of the step's mean loss
+    for _ in range(cfg.grad_accum_steps):
+        mark("data")
+        x, y = next(batches)
+        mark("copy")
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        mark("forward")
+        loss = compute_loss(engine.forward(x), y) / cfg.grad_accum_steps
+        mark("backward")
+        loss.backward()
+        losses.append(loss.detach())
+    mark("optimizer")
+    params = [p for group in engine.optimizer.param_groups for p in group["params"]]
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    engine.optimizer.step()
+    engine.optimizer.zero_grad(set_to_none=True)
+    mark("done")
+    return sum(losses), grad_norm
+
+
+@torch.no_grad()
+def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, float]:
+    """The validation loss (compute_loss, averaged over examples) and the task's metrics."""
+    engine.model.eval()
+    metrics = Metrics(splits, device)
+    for x, y in loader:
+        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
+        output = engine.forward(x)
+        metrics.update(output, y, compute_loss(output, y))
+    engine.model.train()
+    return metrics.compute()

@@ -1,0 +1,138 @@
+"""Machinery: reading a run folder's records back: run.json and metrics.jsonl, as report, diagnose and a
+resumed run read them. A record that is missing, torn by a crash or of the wrong shape is named in
+one line (RunRecordError, or a warning counting the damaged metrics lines), never a traceback.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+
+class RunRecordError(RuntimeError):
+    """run.json is missing or is not a run record."""
+
+
+NUMBER = int | float
+# What report, diagnose and resumes read from run.json, and its type ("?": may be absent); a record
+# that lacks a part, or holds something else there, is damaged. A list: each item of that shape.
+RECORD_SHAPE = {
+    "project": str,
+    "seed": int,
+    "config": {"max_steps": int, "lr": NUMBER, "warmup_steps": int, "patience": int, "dropout": NUMBER},
+    "git": {"commit": str | None, "dirty": bool},
+    "versions": {"torch": str},
+    "resumed?": [{"at_step": int}],
+    "finished?": {"step": int, "examples_per_s": NUMBER, "data_wait_share?": NUMBER},
+}
+
+
+def read_record(run_dir: Path) -> dict:
+    """The run's run.json, or RunRecordError saying in one line why it cannot be."""
+    path = run_dir / "run.json"
+    try:
+        record = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise RunRecordError(f"{path} is missing") from None
+    except OSError as error:
+        raise RunRecordError(f"cannot read {path}: {error.strerror}") from None
+    except ValueError:  # not JSON, or not UTF-8
+        raise RunRecordError(f"{path} is damaged (not JSON)") from None
+    if not isinstance(record, dict):
+        raise RunRecordError(f"{path} is damaged (not a run record)")
+    wrong = _misshapen(record, RECORD_SHAPE)
+    if wrong:
+        shown = ", ".join(wrong[:5]) + (", ..." if len(wrong) > 5 else "")
+        raise RunRecordError(f"{path} is damaged (no valid {shown})")
+    return record
+
+
+def _misshapen(value, shape, name: str = "") -> list[str]:
+    """The names of the parts of `value` (itself `name`) that do not have `shape`."""
+    if isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return [name]
+        return [
+            wrong
+            for key, part in shape.items()
+            if not key.endswith("?") or key[:-1] in value
+            for wrong in _misshapen(value.get(key.rstrip("?")), part, f"{name}.{key.rstrip('?')}".lstrip("."))
+        ]
+    if isinstance(shape, list):
+        if not isinstance(value, list):
+            return [name]
+        return [wrong for i, item in enumerate(value) for wrong in _misshapen(item, shape[0], f"{name}[{i}]")]
+    is_bool = isinstance(value, bool)  # a bool is an int to isinstance
+    return [] if isinstance(value, shape) and (is_bool == (shape is bool)) else [name]
+
+
+# What report and diagnose read from the latest `check all`'s summary.json ("?": may be absent).
+CHECK_SUMMARY_SHAPE = {
+    "overfit_loss": NUMBER,
+    "resume_matched": bool,
+    "loader_share": NUMBER,
+    "checks?": dict,
+}
+
+
+def check_summary_path(run_dir: Path) -> Path:
+    return run_dir.parent / "check" / "summary.json"  # beside the run: runs/check/
+
+
+def read_check_summary(run_dir: Path) -> dict | None:
+    """The latest `check all` summary beside the run, or None where there is none. A damaged one
+    is named in a warning and left out: it records the checks, not the run."""
+    path = check_summary_path(run_dir)
+    try:
+        summary = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as error:  # unreadable, not JSON, or not UTF-8
+        print(f"warning: {path}: cannot be read ({error.__class__.__name__}); left out", file=sys.stderr)
+        return None
+    if _misshapen(summary, CHECK_SUMMARY_SHAPE):
+        print(f"warning: {path} is damaged (not a check summary); left out", file=sys.stderr)
+        return None
+    return summary
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """metrics.jsonl's records; lines that are not records are skipped, with a warning."""
+    path = run_dir / "metrics.jsonl"
+    records, damaged = parse_metrics(path.read_bytes())
+    if damaged:
+        print(f"warning: {path}: {damaged_lines(damaged)} skipped", file=sys.stderr)
+    return records
+
+
+def parse_metrics(data: bytes) -> tuple[list[dict], list[int]]:
+    """The records in metrics.jsonl's bytes, and the numbers of the lines that are not one."""
+    records, damaged = [], []
+    for number, line in enumerate(data.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:  # torn by a crash, or not UTF-8
+            damaged.append(number)
+            continue
+        if _is_record(record):
+            records.append(record)
+        else:
+            damaged.append(number)
+    return records, damaged
+
+
+def _is_record(record) -> bool:
+    """A step, a split and numbers: the loss, and a train record's lr and grad_norm among them."""
+    return (
+        isinstance(record, dict)
+        and type(record.get("step")) is int
+        and record.get("split") in ("train", "val")
+        and {"loss", *(("lr", "grad_norm") if record["split"] == "train" else ())} <= record.keys()
+        and all(isinstance(v, NUMBER) and not isinstance(v, bool) for k, v in record.items() if k != "split")
+    )
+
+
+def damaged_lines(lines: list[int]) -> str:
+    shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
+    return f"{len(lines)} damaged line{'s' if len(lines) > 1 else ''} ({shown})"

@@ -1,0 +1,255 @@
+"""Tool: the built-in checks that prove the training code, and your edits to it, before a long run.
+
+    python -m default check all      # every check, then the summary
+    python -m default check overfit  # memorises one batch of 8
+    python -m default check batch    # examples do not mix, nor read padding
+    python -m default check init     # the loss at init is as expected
+    python -m default check loader   # loading keeps up with training
+    python -m default check resume   # the same losses, bit for bit
+
+Exit status 0 only if every check run passes. Each check takes the same options as `train`
+(--data, --device, ...), draws its batches through the training loader, and writes its runs
+under runs/check/.
+"""
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from ..config import Config
+from ..data import load_splits
+from ..model import compute_loss, initial_loss, overfit_target
+from ..runtime.engine import Engine, setup, train_step
+from ..runtime.loader import EpochDataset
+from ..runtime.runlog import PROJECT, git_state, write_json_atomically
+from .resume_check import resume_matches
+from .timing import time_loader
+
+OVERFIT_EXAMPLES = 8
+OVERFIT_MAX_STEPS = 300
+OVERFIT_WARMUP = 10  # steps: the run's long warmup would spend the check's steps at a tiny rate
+BATCH_CHECK_EXAMPLES = 4  # examples whose outputs are tested for dependence on each other
+PADDING_CHECK_EXAMPLES = 64  # where examples are padded: the shortest and longest of these
+INIT_LOSS_FACTOR = 1.5  # the loss at init may differ from initial_loss() by this factor either way
+INIT_BATCHES = 4  # training batches averaged for the loss at initialisation
+LOADER_WARN_SHARE = 0.10
+CHECKS = ("overfit", "batch", "init", "loader", "resume")  # in the order `check all` runs them
+
+
+@dataclass
+class CheckResult:
+    name: str
+    passed: bool
+    detail: str  # one line: what was measured
+    value: float = math.nan  # the headline figure for the summary
+    samples_per_s: float = math.nan
+
+    def line(self) -> str:
+        return f"{self.name}: {'PASS' if self.passed else 'FAIL'}: {self.detail}"
+
+
+def first_batches(splits, device: torch.device, size: int, count: int = 1) -> list:
+    """The first `count` batches of `size` training examples, in order, read as the loader reads
+    them (`__getitems__`, or one `dataset[i]` at a time), on the device."""
+    dataset = EpochDataset(splits.train)
+    count = min(count, len(dataset) // size)
+    batches = [dataset.__getitems__((0, torch.arange(i * size, (i + 1) * size))) for i in range(count)]
+    return [tuple(t.to(device) for t in batch) for batch in batches]
+
+
+def check_overfit(cfg: Config) -> CheckResult:
+    """A model that cannot memorise 8 examples has a bug: its loss must fall to model.overfit_target."""
+    device = setup(cfg)
+    splits = load_splits(cfg)
+    cfg = replace(cfg, warmup_steps=min(cfg.warmup_steps, OVERFIT_WARMUP))
+    engine = Engine(cfg, splits, device)
+    [(x, y)] = first_batches(splits, device, OVERFIT_EXAMPLES)
+
+    compute_loss(engine.model(x), y).backward()
+    no_grad = [
+        name
+        for name, p in engine.model.named_parameters()
+        if p.requires_grad and (p.grad is None or not torch.isfinite(p.grad).all())
+    ]
+    engine.optimizer.zero_grad(set_to_none=True)
+    if no_grad:
+        return CheckResult("overfit", False, f"no finite gradient reaches {', '.join(no_grad)}")
+
+    first = target = None
+    for step in range(1, OVERFIT_MAX_STEPS + 1):
+        train_step(engine, _repeat((x, y)), cfg, device)
+        engine.scheduler.step()
+        with torch.no_grad():  # memorised means so without dropout, as the model predicts
+            loss = compute_loss(engine.model.eval()(x), y)
+        engine.model.train()
+        loss = loss.item()
+        if not math.isfinite(loss):
+            return CheckResult("overfit", False, f"loss became {loss} at step {step}: lower --lr", loss)
+        if first is None:
+            first, target = loss, overfit_target(loss)
+        if loss <= target:
+            break
+    detail = f"loss {first:.4f} -> {loss:.4g} in {step} steps (target <= {target:.4g})"
+    if loss > target:
+        detail += "; a loss whose minimum is above 0 (label smoothing, say) needs it in overfit_target"
+    return CheckResult("overfit", loss <= target, detail, loss)
+
+
+def check_batch_independence(cfg: Config) -> CheckResult:
+    """Example i's loss must not depend on example j's input: a reshape or a reduction over the
+    wrong dimension mixes examples, and still trains. Tested with the model in eval mode, so the
+    batch statistics of BatchNorm (a dependence by design) are not counted."""
+    device = setup(cfg)
+    splits = load_splits(cfg)
+    model = Engine(cfg, splits, device).model.eval()
+    batches = first_batches(splits, device, BATCH_CHECK_EXAMPLES, count=2)
+    x, y = batches[0]
+    n = len(x)
+    if x.is_floating_point():
+        method, leaks = "gradient of each example's loss", []
+        for i in (0, n - 1):
+            inputs = x.clone().requires_grad_(True)
+            (grad,) = torch.autograd.grad(compute_loss(model(inputs)[i : i + 1], y[i : i + 1]), inputs)
+            leaks += [(i, j) for j in range(n) if j != i and grad[j].abs().max() > 0]
+    else:  # token ids have no gradient: change the other examples' inputs instead
+        method, leaks = "outputs with the other inputs changed", []
+        other = batches[-1][0].roll(1, dims=0) if len(batches) > 1 else x.roll(1, dims=0)
+        if other.shape != x.shape:  # padded to another length: the same examples, other tokens
+            other = (x + 1) % (int(x.max()) + 1)
+        with torch.no_grad():
+            output = model(x)
+            for i in (0, n - 1):
+                changed = other.clone()
+                changed[i] = x[i]
+                moved = (model(changed)[i] - output[i]).abs().max()
+                leaks += [(i, "others")] if moved > 1e-5 * (1 + output[i].abs().max()) else []
+    detail = f"{method} over a batch of {n}, model in eval mode (BatchNorm's batch statistics not counted): "
+    if leaks:
+        i, j = leaks[0]
+        detail += f"example {i}'s loss depends on example {j}'s input: something mixes the batch dimension"
+        return CheckResult("batch", False, detail)
+    detail += "no example depends on another"
+    padding = padding_leak(model, splits.train, device) if hasattr(splits.train, "collate") else None
+    if padding:
+        return CheckResult("batch", False, f"{detail}; but {padding}")
+    return CheckResult("batch", True, detail + ("; nor on its padding" if padding == "" else ""))
+
+
+def padding_leak(model: torch.nn.Module, dataset, device: torch.device) -> str | None:
+    """Where the dataset pads examples of different lengths (`collate`), the shortest of the first
+    PADDING_CHECK_EXAMPLES alone and beside the longest, so padded further: the same loss, or what
+    differs. Empty when they match; None when every example pads to the same length."""
+    samples = [dataset[i] for i in range(min(len(dataset), PADDING_CHECK_EXAMPLES))]
+    short = min(samples, key=lambda sample: len(sample[0]))
+    long = max(samples, key=lambda sample: len(sample[0]))
+    alone = tuple(t.to(device) for t in dataset.collate([short]))
+    beside = tuple(t.to(device) for t in dataset.collate([short, long]))
+    if alone[0].shape == beside[0].shape:
+        return None
+    with torch.no_grad():
+        losses = [compute_loss(model(x)[:1], y[:1]).item() for x, y in (alone, beside)]
+    if abs(losses[0] - losses[1]) <= 1e-5 * (1 + abs(losses[0])):
+        return ""
+    return (
+        f"an example's loss is {losses[0]:.6g} padded to length {alone[0].shape[1]} and {losses[1]:.6g}"
+        f" padded to {beside[0].shape[1]}: the model reads the padding (mask it, or keep it causal)"
+    )
+
+
+def check_initial_loss(cfg: Config) -> CheckResult:
+    """Before training the loss has a known value (model.initial_loss): ln C for C classes, say.
+    A wrong output layer, a missing log-softmax or targets on the wrong scale show here first."""
+    device = setup(cfg)
+    splits = load_splits(cfg)
+    model = Engine(cfg, splits, device).model.eval()
+    with torch.no_grad():
+        batches = first_batches(splits, device, cfg.batch_size, INIT_BATCHES)
+        losses = [compute_loss(model(x), y).item() for x, y in batches]
+    got, expected = sum(losses) / len(losses), initial_loss(splits)
+    passed = expected / INIT_LOSS_FACTOR <= got <= expected * INIT_LOSS_FACTOR
+    detail = f"loss at initialisation {got:.4g}, expected about {expected:.4g} (model.initial_loss)"
+    if not passed:
+        detail += f": over {INIT_LOSS_FACTOR}x off; check the output layer, the loss and the targets"
+    return CheckResult("init", passed, detail, got)
+
+
+def check_loader(cfg: Config) -> CheckResult:
+    """Data loading must not be the bottleneck: the loader alone must keep up with a step."""
+    timing = time_loader(cfg)
+    passed = timing.load_per_step <= timing.step
+    detail = (
+        f"loader alone {timing.samples_per_s_alone:,.0f} samples/s "
+        f"({timing.load_per_step * 1e3:.2f} ms a step), training step {timing.step * 1e3:.2f} ms; "
+        f"with real loading {timing.samples_per_s:,.0f} samples/s, "
+        f"{timing.wait_share:.1%} of the time waiting for data (num_workers={cfg.num_workers})"
+    )
+    if timing.by_workers:
+        rates = ", ".join(f"{n}: {rate:,.0f}" for n, rate in timing.by_workers.items())
+        fastest = max(timing.by_workers, key=timing.by_workers.get)
+        detail += f"; loader alone by --num-workers, samples/s: {rates} (fastest {fastest})"
+    if not passed:
+        detail += ": loading is the bottleneck; raise --num-workers or move work out of the main process"
+    elif timing.wait_share > LOADER_WARN_SHARE:
+        detail += f": warning, over {LOADER_WARN_SHARE:.0%}; try more --num-workers"
+    return CheckResult("loader", passed, detail, timing.wait_share, timing.samples_per_s)
+
+
+def run_checks(cfg: Config, which: str) -> int:
+    """Runs one check or all of them; prints their lines (and the summary for `all`); exit code."""
+    say = print
+    work = Path(cfg.run_dir).parent / "check"
+    checks = {  # the loader before resume, which pins one thread for exactness
+        "overfit": lambda: check_overfit(cfg),
+        "batch": lambda: check_batch_independence(cfg),
+        "init": lambda: check_initial_loss(cfg),
+        "loader": lambda: check_loader(cfg),
+        "resume": lambda: CheckResult("resume", *resume_matches(cfg, work / "resume")),
+    }
+    results = {}
+    for name, check in checks.items():
+        if which in (name, "all"):
+            results[name] = check()
+            say(results[name].line())
+    if which == "all":
+        summary = {
+            "overfit_loss": results["overfit"].value,
+            "resume_matched": results["resume"].passed,
+            "loader_share": results["loader"].value,
+            "samples_per_s": results["loader"].samples_per_s,
+            "initial_loss": results["init"].value,
+            "checks": {name: r.passed for name, r in results.items()},
+            "passed": all(r.passed for r in results.values()),
+        }
+        write_json_atomically(work / "summary.json", summary)  # for `report`
+        git = git_state()
+        commit = (git["commit"] or "none")[:12] + ("-dirty" if git["dirty"] else "")
+        say(
+            f"**Run:** {PROJECT} commit {commit}, config {work / 'resume' / 'uninterrupted' / 'run.json'}, "
+            f"seed {cfg.seed}, torch {torch.__version__}"
+        )
+        say(f"**Sanity:** {sanity(summary)}")
+        say(
+            f"**Throughput:** {results['loader'].samples_per_s:,.0f} samples/s, "
+            "GPU util n/a, "
+            f"data-loader time share {results['loader'].value:.1%}"
+        )
+    return 0 if all(r.passed for r in results.values()) else 1
+
+
+def sanity(summary: dict) -> str:
+    """The Sanity line of the summary: every check's result (`report` prints it too)."""
+    checks = summary.get("checks", {})  # absent from the summaries of older projects
+    verdict = {name: "pass" if checks[name] else "FAIL" if name in checks else "n/a" for name in CHECKS}
+    return (
+        f"overfit-one-batch loss {summary['overfit_loss']:.4g}; "
+        f"resume check matched: {'yes' if summary['resume_matched'] else 'no'}; "
+        f"batch independence {verdict['batch']}; loss at init {summary.get('initial_loss', math.nan):.4g} "
+        f"({verdict['init']}); loader {verdict['loader']}"
+    )
+
+
+def _repeat(batch):
+    while True:
+        yield batch

@@ -1,0 +1,143 @@
+"""Tool: `profile`, where a training step's time goes, which operators take it, and the FLOP/s.
+
+    python -m default profile  # the default model and data
+    python -m default profile --batch-size 256  # any train option
+
+Real training steps of a fresh model, built as `train` builds it (the run folder is untouched),
+in three passes after a warm-up:
+1. the split: each phase of a step (data wait, host-to-device copy, forward, backward, optimizer)
+   timed with the device synchronised as it ends, beside the step's own time;
+2. one torch.profiler window (wait, warm-up, active steps): the top operators and a Chrome trace;
+3. the FLOPs of one step (torch.utils.flop_counter) over the step's unsynchronised time: the
+   achieved FLOP/s.
+Then the verdict of the rules: fix the loader first when the data wait is a real share of a step.
+"""
+
+import time
+from pathlib import Path
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+from ..config import Config
+from ..data import load_splits
+from ..model import compute_loss
+from ..runtime.engine import PRECISION, Engine, setup, train_step
+from ..runtime.loader import build_loaders
+from ..train import TrainState, micro_batches
+from .checks import LOADER_WARN_SHARE
+from .timing import synchronize
+
+PHASES = ("data", "copy", "forward", "backward", "optimizer")
+WARMUP_STEPS = 5  # compilation, the allocator and the loader workers settle before any timing
+SPLIT_STEPS = 20  # steps timed phase by phase, and again without synchronising
+PROFILER_WAIT, PROFILER_WARMUP, PROFILER_ACTIVE = 1, 2, 5  # torch.profiler's schedule, in steps
+TOP_OPERATORS = 12
+
+
+class PhaseTimer:
+    """train_step's `mark` for the split: the time from one mark to the next goes to the phase
+    the first one began, the device synchronised at each mark so that queued work is counted in
+    the phase that queued it."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.seconds = dict.fromkeys(PHASES, 0.0)
+        self.phase: str | None = None
+        self.since = 0.0
+
+    def __call__(self, phase: str) -> None:
+        synchronize(self.device)
+        now = time.perf_counter()
+        if self.phase is not None:
+            self.seconds[self.phase] += now - self.since
+        self.phase, self.since = (None if phase == "done" else phase), now
+
+
+def profile(cfg: Config, output: str) -> str:
+    """Runs the three passes; the lines to print. Writes the trace under `output`."""
+    device = setup(cfg)
+    splits = load_splits(cfg)
+    loader, _, sampler = build_loaders(splits, cfg, device)
+    batches = micro_batches(loader, sampler, TrainState())
+    engine = Engine(cfg, splits, device)
+
+    def steps(count: int, **mark) -> float:
+        """Seconds per step over `count` steps, the device synchronised at the end."""
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(count):
+            train_step(engine, batches, cfg, device, **mark)
+        synchronize(device)
+        return (time.perf_counter() - start) / count
+
+    steps(WARMUP_STEPS)
+    timer = PhaseTimer(device)
+    synced = steps(SPLIT_STEPS, mark=timer)
+    unsynced = steps(SPLIT_STEPS)
+    split = {phase: seconds / SPLIT_STEPS for phase, seconds in timer.seconds.items()}
+    flops = step_flops(engine, batches, cfg, device)
+    table, trace = operators(engine, batches, cfg, device, Path(output))
+
+    total = sum(split.values())
+    examples = cfg.batch_size * cfg.grad_accum_steps
+    lines = [
+        f"profile: {SPLIT_STEPS} steps (micro-batch {cfg.batch_size} x {cfg.grad_accum_steps} a step) "
+        f"on {device.type}, {PRECISION}, after {WARMUP_STEPS} warm-up steps",
+        *(f"  {phase:<10} {s * 1e3:9.3f} ms  {s / total:6.1%}" for phase, s in split.items()),
+        f"  phases sum {total * 1e3:.3f} ms of a synchronised step of {synced * 1e3:.3f} ms "
+        f"({total / synced:.1%}); unsynchronised {unsynced * 1e3:.3f} ms a step, "
+        f"{examples / unsynced:,.0f} samples/s",
+        f"FLOPs: {flops:.4g} a step (forward and backward, torch.utils.flop_counter): "
+        f"{flops / unsynced / 1e9:,.2f} GFLOP/s achieved{mfu(flops / unsynced, device)}",
+        verdict(split["data"] / total),
+        f"top operators (torch.profiler, {PROFILER_ACTIVE} active steps):",
+        table,
+        f"wrote {trace}",
+    ]
+    return "\n".join(lines)
+
+
+def verdict(data_share: float) -> str:
+    """The rules' first speed step: fix data loading before anything else."""
+    if data_share > LOADER_WARN_SHARE:
+        return (
+            f"verdict: loader-bound: waiting for data is {data_share:.1%} of a step (over "
+            f"{LOADER_WARN_SHARE:.0%}): fix loading first (--num-workers, work out of __getitem__)"
+        )
+    return f"verdict: not loader-bound: waiting for data is {data_share:.1%} of a step"
+
+
+def step_flops(engine: Engine, batches, cfg: Config, device: torch.device) -> int:
+    """The FLOPs of one step's forward and backward passes, counted on the plain model (the
+    counter sees operators as dispatched: compiled graphs would hide them). The gradients are
+    discarded: the optimizer takes no step."""
+    counter = FlopCounterMode(display=False)
+    with counter:
+        for _ in range(cfg.grad_accum_steps):
+            x, y = (t.to(device) for t in next(batches))
+            compute_loss(engine.model(x), y).backward()
+    engine.optimizer.zero_grad(set_to_none=True)
+    return counter.get_total_flops()
+
+
+def mfu(achieved: float, device: torch.device) -> str:
+    """The model FLOP utilisation against the GPU's peak for this precision, when known."""
+    return ""  # a peak to compare with is known for GPUs only
+
+
+def operators(engine: Engine, batches, cfg: Config, device: torch.device, output: Path) -> tuple[str, Path]:
+    """One torch.profiler window over training steps: its top operators by self time, and the
+    Chrome trace written under `output` (for chrome://tracing, ui.perfetto.dev)."""
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    trace = output / "trace.json"
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    schedule = torch.profiler.schedule(wait=PROFILER_WAIT, warmup=PROFILER_WARMUP, active=PROFILER_ACTIVE)
+    with torch.profiler.profile(
+        activities=activities, schedule=schedule, on_trace_ready=lambda p: p.export_chrome_trace(str(trace))
+    ) as profiler:
+        for _ in range(PROFILER_WAIT + PROFILER_WARMUP + PROFILER_ACTIVE):
+            train_step(engine, batches, cfg, device)
+            profiler.step()
+    sort = "self_cpu_time_total"
+    return profiler.key_averages().table(sort_by=sort, row_limit=TOP_OPERATORS), trace

@@ -1,0 +1,103 @@
+"""Tool: compare runs, curves of several runs in one figure, and a summary of one run:
+
+    python -m default plot runs/first runs/second -o curves.png
+    python -m default report runs/second --since runs/first
+
+Both read the run folders' run.json and metrics.jsonl (and the latest check's summary); report
+also runs diagnose on it, whose leak test reads the run's data.
+"""
+
+from pathlib import Path
+
+from ..runtime.records import check_summary_path, read_metrics
+from .checks import sanity
+from .diagnose import DiagnoseError, Run, diagnose, issues_fixed, load_run
+
+
+class ReportError(RuntimeError):
+    """A run folder that cannot be reported on."""
+
+
+def plot(run_dirs: list[str], output: str) -> Path:
+    """Train and validation loss, and each validation metric, against step; one line per run."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError:
+        raise ReportError('plot needs matplotlib: pip install -e ".[plot]"') from None
+    runs = {run_dir: _metrics(Path(run_dir)) for run_dir in run_dirs}
+    names = {k for records in runs.values() for r in records if r["split"] == "val" for k in r}
+    extra = sorted(names - {"step", "split", "loss"})  # the task's validation metrics
+    fig, axes = plt.subplots(1, 1 + len(extra), figsize=(5 * (1 + len(extra)), 4), squeeze=False)
+    for i, (run_dir, records) in enumerate(runs.items()):
+        color = f"C{i}"  # one colour a run: train solid, validation dashed with markers
+        for split, style in (("train", "-"), ("val", "o--")):
+            points = [(r["step"], r["loss"]) for r in records if r["split"] == split]
+            if points:
+                label = f"{run_dir} {split}"
+                axes[0][0].plot(*zip(*points, strict=True), style, color=color, ms=3, label=label)
+        for ax, name in zip(axes[0][1:], extra, strict=True):
+            points = [(r["step"], r[name]) for r in records if r["split"] == "val" and name in r]
+            if points:
+                ax.plot(*zip(*points, strict=True), "o--", color=color, ms=3, label=run_dir)
+    for ax, name in zip(axes[0], ["loss", *(f"val {name}" for name in extra)], strict=True):
+        ax.set_xlabel("step")
+        ax.set_title(name)
+        ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(output, dpi=120)
+    return Path(output)
+
+
+def report(run_dir: str, since: str | None = None) -> str:
+    """The summary lines: what ran, whether its checks passed, how fast, its best validation, and
+    what `diagnose` finds (with `since`, an earlier run: the issues this one no longer shows)."""
+    try:
+        run = load_run(run_dir)
+        before = load_run(since) if since else None
+    except DiagnoseError as error:
+        raise ReportError(str(error)) from None
+    record = run.record
+    commit = (record["git"]["commit"] or "none")[:12] + ("-dirty" if record["git"]["dirty"] else "")
+    lines = [
+        f"**Run:** {record['project']} commit {commit}, config {run.dir / 'run.json'}, "
+        f"seed {record['seed']}, torch {record['versions']['torch']}"
+    ]
+    if run.summary is not None:
+        lines.append(f"**Sanity:** {sanity(run.summary)} ({check_summary_path(run.dir)})")
+        share = f"{run.summary['loader_share']:.1%}"
+    else:
+        lines.append(f"**Sanity:** not checked yet: python -m {__package__.rpartition('.')[0]} check all")
+        share = "n/a"
+    finished = record.get("finished")
+    speed = f"{finished['examples_per_s']:,.0f} samples/s" if finished else "n/a (not finished)"
+    if finished and "data_wait_share" in finished:  # the run's own, over its whole loop
+        share = f"{finished['data_wait_share']:.1%}"
+    lines.append(f"**Throughput:** {speed}, GPU util n/a, data-loader time share {share}")
+    if run.val:
+        best = min(run.val, key=lambda r: r["loss"])
+        shown = ", ".join(f"{k} {v:.4g}" for k, v in best.items() if k not in ("step", "split"))
+        best_checkpoint = run.dir / "checkpoints" / "best.pt"
+        lines.append(f"**Results:** best val {shown} at step {best['step']}; checkpoint {best_checkpoint}")
+    else:
+        lines.append("**Results:** no validation yet")
+    return "\n".join(lines + issues(run, before))
+
+
+def issues(after: Run, before: Run | None) -> list[str]:
+    """The Issues lines: findings still open in this run, and those fixed since an earlier one."""
+    found = diagnose(after)
+    lines = [f"**Issues found:** {'; '.join(f.line() for f in found)}"] if found else []
+    if before is not None:
+        fixed = issues_fixed(before, diagnose(before), after, found)
+        lines += fixed or [f"**Issues fixed:** none since {before.dir}"]
+    return lines
+
+
+def _metrics(run: Path) -> list[dict]:
+    try:
+        return read_metrics(run)
+    except OSError as error:
+        raise ReportError(f"cannot read {run / 'metrics.jsonl'}: {error.strerror}") from None

@@ -1,0 +1,107 @@
+"""Tool: timing of the data loader alone, a training step alone, and both together (`check loader`)."""
+
+import itertools
+import os
+import time
+from dataclasses import dataclass, replace
+
+import torch
+
+from ..config import Config
+from ..data import load_splits
+from ..runtime.engine import Engine, setup, train_step
+from ..runtime.loader import build_loaders, close
+from ..train import TrainState, micro_batches, waited
+
+LOADER_BATCHES = 200  # batches timed when iterating the loader alone
+WINDOW_STEPS = 30  # optimizer steps timed with compute alone and with real loading
+ROUNDS = 4  # alone, loading and compute are each timed in rounds; the fastest round counts
+SWEEP_BATCHES = 30  # batches timed for each worker count tried, once its workers have started
+
+
+@dataclass
+class LoaderTiming:
+    load_per_step: float  # seconds the loader alone takes for one step's micro-batches
+    samples_per_s_alone: float  # the loader alone
+    step: float  # seconds a training step takes on batches already on the device
+    samples_per_s: float  # training with real loading
+    wait_share: float  # share of that time spent waiting for the next batch
+    by_workers: dict[int, float]  # the loader alone, samples/s for each --num-workers tried
+
+
+def time_loader(cfg: Config) -> LoaderTiming:
+    device = setup(cfg)
+    splits = load_splits(cfg)
+    loader, _, sampler = build_loaders(splits, cfg, device)
+    batches = micro_batches(loader, sampler, TrainState())
+    for _ in range(10):  # start the workers and fill their queues
+        next(batches)
+    load_per_batch = min(_time_batches(batches, LOADER_BATCHES // ROUNDS) for _ in range(ROUNDS))
+    by_workers = samples_per_s_by_workers(splits, cfg, device)
+
+    engine = Engine(cfg, splits, device)
+
+    def step(source):
+        return train_step(engine, source, cfg, device)
+
+    on_device = [tuple(t.to(device) for t in next(batches)) for _ in range(cfg.grad_accum_steps)]
+    fixed = itertools.cycle(on_device)
+    _time_steps(step, fixed, device, 3)  # warm-up
+    compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
+    waits = [0.0, 0.0]  # waited() adds each batch's wait to waits[0]
+    window = _time_steps(step, waited(batches, waits), device, WINDOW_STEPS)
+    return LoaderTiming(
+        load_per_step=load_per_batch * cfg.grad_accum_steps,
+        samples_per_s_alone=cfg.batch_size / load_per_batch,
+        step=compute,
+        samples_per_s=cfg.batch_size * cfg.grad_accum_steps / window,
+        wait_share=waits[0] / (window * WINDOW_STEPS),
+        by_workers=by_workers,
+    )
+
+
+def worker_counts(configured: int) -> list[int]:
+    """The worker counts to try: none, powers of two up to the CPU count, and the configured one."""
+    cpus = os.cpu_count() or 1
+    return sorted({0, configured} | {2**k for k in range(cpus.bit_length())})
+
+
+def samples_per_s_by_workers(splits, cfg: Config, device: torch.device) -> dict[int, float]:
+    """The loader alone with each of worker_counts(): samples/s by --num-workers. Tried only when
+    the loader uses workers (a loader of in-memory tensors is fastest without: {} then)."""
+    if cfg.num_workers == 0:
+        return {}
+    rates = {}
+    for workers in worker_counts(cfg.num_workers):
+        tried = replace(cfg, num_workers=workers)
+        loader, _, sampler = build_loaders(splits, tried, device)
+        batches = micro_batches(loader, sampler, TrainState())
+        next(batches)  # the workers start
+        rates[workers] = cfg.batch_size / _time_batches(batches, SWEEP_BATCHES)
+        batches.close()
+        close(loader)
+    return rates
+
+
+def _time_batches(batches, count: int) -> float:
+    """Seconds per batch drawn from the loader alone."""
+    start = time.perf_counter()
+    for _ in range(count):
+        next(batches)
+    return (time.perf_counter() - start) / count
+
+
+def _time_steps(step, batches, device: torch.device, count: int) -> float:
+    """Seconds per optimizer step."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(count):
+        step(batches)
+    synchronize(device)
+    return (time.perf_counter() - start) / count
+
+
+def synchronize(device: torch.device) -> None:
+    """Waits for queued device work, so that timings measure it (the CPU runs ops in order)."""
+    if device.type != "cpu":
+        torch.accelerator.synchronize(device)

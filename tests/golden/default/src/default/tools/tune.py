@@ -1,0 +1,189 @@
+"""Tool: the tuning steps of the rules, each on a fresh copy of the model (no run folder is written).
+
+    python -m default find-lr  # the learning-rate range test
+    python -m default find-lr --data FILE -o lr.png  # any train option
+    python -m default find-batch-size  # the micro-batch to train with
+
+`find-lr` trains for a few hundred steps while the learning rate grows exponentially: the loss
+against the rate says where to train. `find-batch-size` raises the micro-batch until the peak
+memory of a training step reaches a share of the device's (doubling, then bisecting, out of
+memory caught); on a CPU, whose memory does not bound it, it measures throughput by batch size.
+"""
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+
+from ..config import Config
+from ..data import load_splits
+from ..runtime.engine import Engine, setup, train_step
+from ..runtime.loader import EpochDataset, build_loaders
+from ..train import TrainState, micro_batches
+from .timing import synchronize
+
+LR_START = 1e-7  # far below any useful rate: the curve starts flat
+LR_END = 10.0  # far above: AdamW diverges well before it
+RANGE_STEPS = 200  # optimizer steps of the sweep: 25 a decade, enough for a smooth curve
+SMOOTHING = 0.9  # exponential moving average of the loss: one batch is noisy
+DIVERGED = 4.0  # stop once the smoothed loss is 4x its best: past there the curve says nothing
+SUGGEST_DIVISOR = 10  # the rule (Smith 2017, fastai): a tenth of the rate at the lowest loss
+MEMORY_TARGET = 0.85  # the rules: raise the batch until memory is ~85-90% used; the rest is headroom
+LARGEST_BATCH = 2**20  # where the doubling stops, whatever the memory
+CPU_BATCHES = tuple(2**k for k in range(3, 13))  # 8 ... 4096: the CPU's throughput sweep
+CPU_STEP_LIMIT = 1.0  # seconds: the sweep stops at a batch whose step takes longer
+TIMED_STEPS = 3  # steps timed at each batch size, after one untimed
+
+
+def lr_range(cfg: Config, steps: int = RANGE_STEPS) -> list[tuple[float, float]]:
+    """(learning rate, smoothed loss) for each step of the sweep, until the loss diverges."""
+    device = setup(cfg)
+    splits = load_splits(cfg)
+    engine = Engine(cfg, splits, device)
+    loader, _, sampler = build_loaders(splits, cfg, device)
+    batches = micro_batches(loader, sampler, TrainState())
+    engine.model.train()
+    points, average, best = [], 0.0, math.inf
+    for i in range(steps):
+        lr = LR_START * (LR_END / LR_START) ** (i / (steps - 1))
+        for group in engine.optimizer.param_groups:
+            group["lr"] = lr  # the sweep replaces the warmup and decay
+        loss, _ = train_step(engine, batches, cfg, device)
+        loss = loss.item()
+        if not math.isfinite(loss):
+            break
+        average = SMOOTHING * average + (1 - SMOOTHING) * loss
+        smoothed = average / (1 - SMOOTHING ** (i + 1))  # bias-corrected: the average starts at 0
+        points.append((lr, smoothed))
+        best = min(best, smoothed)
+        if smoothed > DIVERGED * best:
+            break
+    return points
+
+
+def suggest(points: list[tuple[float, float]]) -> tuple[float, str]:
+    """The suggested --lr and the rule that gave it."""
+    lowest_lr, lowest = min(points, key=lambda p: p[1])
+    rule = f"{1 / SUGGEST_DIVISOR:g} x the lr of the lowest smoothed loss, {lowest:.4g} at lr {lowest_lr:.3g}"
+    return lowest_lr / SUGGEST_DIVISOR, rule
+
+
+def find_lr(cfg: Config, output: str, steps: int = RANGE_STEPS) -> str:
+    """Runs the sweep, plots it when matplotlib is there, and says what --lr to use."""
+    points = lr_range(cfg, steps)
+    if len(points) < 2:
+        return f"the loss was not finite from the first steps of the sweep at lr {LR_START:g}: check the data"
+    lr, rule = suggest(points)
+    lines = [
+        f"swept lr {points[0][0]:.3g} -> {points[-1][0]:.3g} over {len(points)} steps",
+        f"suggested --lr {lr:.3g} ({rule}); now --lr {cfg.lr:g}",
+    ]
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")  # files only: no display needed
+        import matplotlib.pyplot as plt
+    except ModuleNotFoundError:
+        return "\n".join([*lines, 'no plot: pip install -e ".[plot]" for matplotlib'])
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(*zip(*points, strict=True))
+    ax.axvline(lr, color="C1", linestyle="--", label=f"suggested {lr:.3g}")
+    ax.set(xscale="log", xlabel="learning rate", ylabel="smoothed train loss", title="lr range test")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(output, dpi=120)
+    return "\n".join([*lines, f"wrote {output}"])
+
+
+def largest_fitting(fits: Callable[[int], bool], start: int, limit: int = LARGEST_BATCH) -> int:
+    """The largest batch size for which fits(size) holds, assuming it holds for all smaller ones:
+    doubling from `start` until it fails, then bisecting between the last fit and the failure.
+    0 if not even `start` fits (then halving finds one, down to 1)."""
+    if not fits(start):
+        while start > 1:
+            start //= 2
+            if fits(start):
+                break
+        else:
+            return 0
+    low, high = start, None
+    while high is None and low < limit:
+        candidate = min(2 * low, limit)
+        if fits(candidate):
+            low = candidate
+        else:
+            high = candidate
+    while high is not None and high - low > max(1, low // 16):  # within 1/16: a step is not exact
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
+def rescaled_lr(lr: float, old_batch: int, new_batch: int) -> float:
+    """The square-root rule for Adam-type optimizers (Malladi et al. 2022): the learning rate
+    scales with the square root of the batch, where SGD's linear rule would overshoot."""
+    return lr * math.sqrt(new_batch / old_batch)
+
+
+def accumulation_for(global_batch: int, micro_batch: int, world_size: int = 1) -> tuple[int, int]:
+    """(micro-batch, accumulation steps) whose product with the processes is `global_batch`, the
+    micro-batch at most `micro_batch`: the fewest accumulation steps that reach it."""
+    steps = math.ceil(global_batch / (micro_batch * world_size))
+    return global_batch // (steps * world_size), steps
+
+
+def find_batch_size(cfg: Config, global_batch: int | None = None, target: float = MEMORY_TARGET) -> str:
+    """Runs the search for cfg.device and says which --batch-size (and lr, accumulation) to use."""
+    device = setup(cfg)
+    splits = load_splits(cfg)
+    engine = Engine(cfg, splits, device)
+    examples = EpochDataset(splits.train)
+
+    single = replace(cfg, grad_accum_steps=1)
+
+    def step(size: int) -> None:
+        """One optimizer step on a micro-batch of `size` training examples (repeated as needed)."""
+        x, y = examples.__getitems__((0, torch.arange(size) % len(examples)))
+        train_step(engine, iter([(x, y)]), single, device)
+
+    return _throughput_sweep(cfg, device, step, global_batch, limit=len(examples))
+
+
+def _throughput_sweep(cfg: Config, device: torch.device, step, global_batch: int | None, limit: int) -> str:
+    """On the CPU: samples/s by micro-batch size up to the training split's size, the fastest
+    suggested (memory does not bound it)."""
+    lines = [f"find-batch-size on {device.type}: no device memory to fill; throughput by micro-batch instead"]
+    rates = {}
+    for size in [size for size in CPU_BATCHES if size <= limit] or [limit]:
+        step(size)  # untimed: the first step at a size (and any recompilation for it)
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in range(TIMED_STEPS):
+            step(size)
+        synchronize(device)
+        seconds = (time.perf_counter() - start) / TIMED_STEPS
+        rates[size] = size / seconds
+        lines.append(f"  batch {size:6d}: {rates[size]:12,.0f} samples/s  ({seconds * 1e3:.2f} ms a step)")
+        if seconds > CPU_STEP_LIMIT:
+            break
+    best = max(rates, key=rates.get)
+    lines.append(f"fastest per sample: --batch-size {best} ({rates[best]:,.0f} samples/s)")
+    return "\n".join([*lines, *_suggestion(cfg, best, global_batch)])
+
+
+def _suggestion(cfg: Config, micro_batch: int, global_batch: int | None) -> list[str]:
+    """The options to train with: the batch, the rescaled learning rate, the accumulation."""
+    if global_batch is None:
+        lr = rescaled_lr(cfg.lr, cfg.batch_size * cfg.grad_accum_steps, micro_batch * cfg.grad_accum_steps)
+        return [
+            f"suggested: --batch-size {micro_batch} --lr {lr:.3g} (the square-root rule for AdamW: "
+            f"--lr {cfg.lr:g} x sqrt({micro_batch}/{cfg.batch_size}); now --batch-size {cfg.batch_size})"
+        ]
+    size, steps = accumulation_for(global_batch, micro_batch)
+    lr = rescaled_lr(cfg.lr, cfg.batch_size * cfg.grad_accum_steps, size * steps)
+    return [
+        f"suggested for a batch of {size * steps} a step: --batch-size {size} --grad-accum-steps {steps} "
+        f"--lr {lr:.3g} (the square-root rule for AdamW from {cfg.batch_size * cfg.grad_accum_steps} a step)"
+    ]

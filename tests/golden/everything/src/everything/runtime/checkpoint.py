@@ -1,0 +1,314 @@
+"""Machinery: sharded checkpoints that resume a run exactly, written so that a crash never corrupts one.
+
+Each checkpoint is a folder: the model's and optimizer's shards, written by every rank at once
+with Distributed Checkpoint (torch.distributed.checkpoint), and `state.pt`, written by rank 0
+last: the scheduler,
+gradient scaler,
+the training position, every rank's RNG state, the config and the early-stopping state,
+and the SHA-256 digest of each shard file. The folder is written under a temporary name and renamed
+once complete, so a reader sees the old checkpoint or the new one, never half of one; a damaged
+shard or state.pt is reported and the previous checkpoint used. The shards are keyed by parameter
+name, not by rank: a checkpoint written by N processes loads under any other number (resharded),
+or whole on one process (`export`, `sample`, `predict`). Everything loads with `weights_only=True`.
+"""
+
+import contextlib
+import hashlib
+import os
+import random
+import re
+import shutil
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from .distributed import all_gather, barrier
+
+STEP_NAME = re.compile(r"step-(\d+)")
+STATE_FILE = "state.pt"  # everything but the shards, written last
+SHARDED = ("model", "optimizer")  # what Distributed Checkpoint writes in shards
+REQUIRED_KEYS = {"scheduler", "state", "rng", "config", "data", "files"}
+
+
+class CheckpointError(RuntimeError):
+    """No usable checkpoint, or one that cannot be written; the message names the files."""
+
+
+def rng_state() -> dict:
+    numpy_state = np.random.get_state(legacy=False)
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+            "pos": numpy_state["state"]["pos"],
+            "has_gauss": numpy_state["has_gauss"],
+            "gauss": numpy_state["gauss"],
+        },
+        "torch": torch.get_rng_state(),
+        # This process's own GPU only: get_rng_state_all() would start a context on every visible
+        # GPU, and could not be restored where their number differs. None with --device cpu.
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    numpy_state = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
+            "has_gauss": numpy_state["has_gauss"],
+            "gauss": numpy_state["gauss"],
+        }
+    )
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_initialized():
+        torch.cuda.set_rng_state(state["cuda"])  # the current device: set from LOCAL_RANK
+
+
+class CheckpointDir:
+    """`step-<n>/` every ckpt_every steps (the newest keep_last kept) and `best/`, each a folder of
+    shards. Every rank writes its shards; rank 0 (`manage`) also prepares the folder, writes
+    state.pt, renames and deletes."""
+
+    def __init__(self, path: Path, keep_last: int, manage: bool = True) -> None:
+        self.path = path
+        self.keep_last = keep_last
+        self.manage = manage
+        if manage:
+            self._prepare()
+        barrier()  # no rank reads the folder before rank 0 has tidied it
+
+    def _prepare(self) -> None:
+        """Makes the folder and removes what a crash in the middle of a save left; a best/ that
+        was being replaced is put back."""
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            old_best = self.path / ".best.old.tmp"
+            if old_best.is_dir() and not (self.path / "best").exists():
+                os.replace(old_best, self.path / "best")
+            for stale in self.path.glob(".*.tmp"):
+                shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
+        except OSError as error:
+            raise CheckpointError(f"cannot write checkpoints in {self.path}: {error.strerror}") from None
+
+    def step_files(self) -> list[Path]:
+        """Step checkpoints, oldest first."""
+        found = [(int(m.group(1)), p) for p in self.path.iterdir() if (m := STEP_NAME.fullmatch(p.name))]
+        return [p for _, p in sorted(found)]
+
+    def save(self, payload: dict, step: int) -> Path:
+        target = self.path / f"step-{step:08d}"
+        _save_sharded(payload, target, self.manage)
+        if self.manage:
+            for old in self.step_files()[: -self.keep_last]:  # only once the new one is complete
+                try:
+                    shutil.rmtree(old)
+                except OSError as error:
+                    raise CheckpointError(f"cannot delete old checkpoint {old}: {error.strerror}") from None
+        return target
+
+    def save_best(self, payload: dict) -> Path:
+        target = self.path / "best"
+        _save_sharded(payload, target, self.manage)
+        return target
+
+    def load_latest(self) -> tuple[Path, dict] | None:
+        """The newest intact step checkpoint and its state.pt; a damaged newer one is reported and
+        skipped. Every rank verifies its share of the files, and all agree on the result. Its
+        shards load with load_shards, once the run's settings are known to match."""
+        files = self.step_files() if self.path.is_dir() else []
+        if not files:
+            return None
+        rank, world_size = dist.get_rank(), dist.get_world_size()
+        problems = []
+        for path in reversed(files):
+            try:
+                state = _read_state(path)
+                _verify(path, state["files"], share=slice(rank, None, world_size))
+                problem = None
+            except CheckpointError as error:
+                problem = str(error)
+            found = [p for p in all_gather(problem) if p]
+            if found:
+                problems.append(found[0])
+                if rank == 0:
+                    print(f"warning: {found[0]}; trying the previous checkpoint")
+                continue
+            return path, state
+        raise CheckpointError(
+            f"no usable checkpoint in {self.path}: {'; '.join(problems)}. Move them aside to start afresh."
+        )
+
+
+def load_shards(path: Path, into: dict) -> dict:
+    """The model's and optimizer's shards of a checkpoint, loaded in place into `into` (this
+    rank's, from Engine.state_dict()): resharded to however many processes load them."""
+    shards = {name: into[name] for name in SHARDED}
+    try:
+        dcp.load(shards, checkpoint_id=path)
+    except Exception as error:  # DCP raises CheckpointException for any rank's failure
+        reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+        raise CheckpointError(f"checkpoint {path} does not load into this model: {reason}") from None
+    return shards
+
+
+def load(path: Path) -> dict:
+    """A checkpoint's contents on this one process, verified: the model's weights whole (as a
+    plain model's state_dict()), the optimizer's tensors by their flat names, and state.pt's."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint folder of this project")
+    state = _read_state(path)
+    _verify(path, state["files"], share=slice(None))
+    metadata = FileSystemReader(path).read_metadata().state_dict_metadata
+    tensors = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.items()
+        if isinstance(meta, TensorStorageMetadata)
+    }
+    try:
+        with warnings.catch_warnings():  # "assuming the intent is to load in a single process": it is
+            warnings.filterwarnings("ignore", "torch.distributed is disabled")
+            dcp.load(tensors, checkpoint_id=path, no_dist=True)
+    except Exception as error:  # a file changed under us, say: DCP raises several types
+        raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__})") from None
+    model = {key.removeprefix("model."): t for key, t in tensors.items() if key.startswith("model.")}
+    optimizer = {key: t for key, t in tensors.items() if key.startswith("optimizer.")}
+    return {**state, "model": model, "optimizer": optimizer}
+
+
+def _read_state(path: Path) -> dict:
+    try:
+        state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint {path} has no {STATE_FILE}") from None
+    except Exception as error:  # truncated, zero bytes, garbage: torch raises several types
+        reason = type(error).__name__
+        raise CheckpointError(f"checkpoint {path} has an unreadable {STATE_FILE} ({reason})") from None
+    if not isinstance(state, dict) or not state.keys() >= REQUIRED_KEYS | {"digest"}:
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint of this project")
+    if state.pop("digest") != digest(state):
+        raise CheckpointError(f"checkpoint {path} is damaged ({STATE_FILE} does not match its digest)")
+    return state
+
+
+def _verify(path: Path, files: dict, share: slice) -> None:
+    """Checks the files in `share` of the sorted names against their digests in state.pt."""
+    present = {p.name for p in path.iterdir()} - {STATE_FILE}
+    if present != files.keys():
+        raise CheckpointError(f"checkpoint {path} has other files than it was written with")
+    for name in sorted(files)[share]:
+        if _file_digest(path / name) != files[name]:
+            raise CheckpointError(f"checkpoint {path} is damaged ({name} does not match its digest)")
+
+
+def _file_digest(path: Path) -> str:
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
+def digest(payload: dict) -> str:
+    """SHA-256 of every tensor's dtype, shape and bytes and of every other value, in order."""
+    sha = hashlib.sha256()
+
+    def feed(value) -> None:
+        if isinstance(value, torch.Tensor):
+            sha.update(f"tensor {value.dtype} {tuple(value.shape)}".encode())
+            sha.update(value.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy())
+        elif isinstance(value, dict):
+            sha.update(b"{")
+            for key, item in value.items():
+                feed(key)
+                feed(item)
+            sha.update(b"}")
+        elif isinstance(value, list | tuple):
+            sha.update(b"[")
+            for item in value:
+                feed(item)
+            sha.update(b"]")
+        else:
+            sha.update(f"{type(value).__name__} {value!r};".encode())
+
+    feed(payload)
+    return sha.hexdigest()
+
+
+def _save_sharded(payload: dict, target: Path, manage: bool) -> None:
+    """Every rank writes its shards into a temporary folder; once all have, rank 0 writes
+    state.pt (with each shard file's digest, each rank hashing its share) and renames the folder
+    into place. A failure on any rank leaves the previous checkpoint as it was."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        if manage:
+            shutil.rmtree(tmp, ignore_errors=True)
+        barrier()
+        dcp.save({name: payload[name] for name in SHARDED}, checkpoint_id=tmp)  # fsyncs its files
+        names = sorted(p.name for p in tmp.iterdir())
+        mine = {name: _file_digest(tmp / name) for name in names[rank::world_size]}
+        files = {name: d for share in all_gather(mine) for name, d in share.items()}
+        if manage:
+            state = {k: v for k, v in payload.items() if k not in SHARDED} | {"files": files}
+            _write_file({**state, "digest": digest(state)}, tmp / STATE_FILE)
+            _fsync(tmp)
+            old = target.with_name(f".{target.name}.old.tmp")
+            if target.exists():  # best/, replaced: _prepare puts it back after a crash in between
+                os.replace(target, old)
+            os.replace(tmp, target)
+            _fsync(target.parent)  # makes the rename itself durable
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException as error:  # the previous checkpoint stays; the temporary folder goes
+        if manage:
+            shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(error, OSError):
+            raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None
+        if isinstance(error, dcp.api.CheckpointException):  # a rank's write failed: every rank raises
+            raise CheckpointError(f"cannot write checkpoint {target}: {str(error).splitlines()[0]}") from None
+        raise
+    barrier()  # every rank goes on with the checkpoint in place
+
+
+def export(checkpoint: Path, out: Path) -> Path:
+    """The model's weights of a checkpoint folder, whole, as one plain state_dict file: on one
+    process, `model.load_state_dict(torch.load(out, weights_only=True))`."""
+    _write_file(load(checkpoint)["model"], out)
+    return out
+
+
+def _fsync(path: Path) -> None:
+    directory = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
+def _write_file(payload: dict, target: Path) -> None:
+    """torch.save to a temporary file, fsynced, then renamed over `target`."""
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        with tmp.open("wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+        _fsync(target.parent)
+    except BaseException as error:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        if isinstance(error, OSError):
+            raise CheckpointError(f"cannot write {target}: {error.strerror}") from None
+        raise

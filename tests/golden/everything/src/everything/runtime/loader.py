@@ -1,0 +1,204 @@
+"""Machinery: batches in a resumable order, for any map-style dataset of single examples.
+
+The order is a pure function of (seed, epoch), and a resumed run skips exactly the batches it
+already trained on. Before each batch the loader sets `dataset.epoch`, so randomness inside a
+sample (augmentation) can be keyed by (seed, epoch, index) with `sample_rng`: the same numbers
+however many workers load the batches, and again after a resume.
+"""
+
+import hashlib
+import random
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+
+from ..config import Config, ConfigError
+from .distributed import Dist, init_distributed
+from .stopping import ignore_stop_signals
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> torch.Generator:
+    """The generator for the randomness inside one sample: keyed, never drawn from global state."""
+    key = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
+
+
+class Shuffle:
+    """A random permutation of range(n) keyed by (seed, epoch), worked out for the positions
+    asked, so an epoch's order takes no memory whatever n is (an array of a billion window starts
+    would take 8 GB, and seconds to shuffle at every epoch). `order[positions]` is the example
+    at each position: a 4-round Feistel network over the smallest even power of two >= n, each
+    result outside range(n) sent through it again until it lands inside (a bijection still)."""
+
+    ROUNDS = 4
+
+    def __init__(self, n: int, seed: int, epoch: int) -> None:
+        self.n = n
+        bits = max(2, (n - 1).bit_length())
+        self.half = np.uint64((bits + 1) // 2)
+        self.mask = np.uint64((1 << int(self.half)) - 1)
+        key = hashlib.blake2b(f"{seed}:{epoch}".encode(), digest_size=8 * self.ROUNDS).digest()
+        self.keys = np.frombuffer(key, dtype=np.uint64)
+
+    def __getitem__(self, positions: np.ndarray) -> np.ndarray:
+        out = self._permute(np.asarray(positions, dtype=np.uint64))
+        while (outside := out >= self.n).any():
+            out[outside] = self._permute(out[outside])
+        return out.astype(np.int64)
+
+    def _permute(self, x: np.ndarray) -> np.ndarray:
+        left, right = x >> self.half, x & self.mask
+        for key in self.keys:
+            left, right = right, left ^ (_mix(right ^ key) & self.mask)
+        return (left << self.half) | right
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser, its two multipliers written in decimal: every bit of the result
+    depends on every bit of x. uint64 arithmetic wraps, as it should."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(13787848793156543929)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(10723151780598845931)
+    return x ^ (x >> np.uint64(31))
+
+
+class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
+    """Training batches of a shuffled epoch as (epoch, indices), dropping the last partial one.
+
+    `set_epoch(epoch, start)` skips the first `start` batches: those a resumed run trained on.
+    Only the first `n_examples` examples of the dataset are drawn (--max-train-examples).
+    Each rank takes its slice of every global batch of world_size x batch_size examples, so N
+    processes with batch B see exactly the examples one process with batch N x B would.
+    """
+
+    AHEAD = 64  # batches whose examples are worked out at once: numpy's cost is per call
+
+    def __init__(self, n_examples: int, batch_size: int, seed: int, rank: int, world_size: int) -> None:
+        self.n_examples = n_examples
+        self.batch_size = batch_size
+        self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        self.epoch = epoch
+        self.start = start
+
+    def batches_per_epoch(self) -> int:
+        return self.n_examples // (self.batch_size * self.world_size)
+
+    def __len__(self) -> int:
+        return self.batches_per_epoch() - self.start
+
+    def __iter__(self):
+        order = Shuffle(self.n_examples, self.seed, self.epoch)
+        batches = range(self.start, self.batches_per_epoch())
+        for i in range(0, len(batches), self.AHEAD):
+            ahead = batches[i : i + self.AHEAD]
+            firsts = [(b * self.world_size + self.rank) * self.batch_size for b in ahead]
+            positions = np.add.outer(firsts, np.arange(self.batch_size))  # (batches, B)
+            yield from ((self.epoch, indices) for indices in torch.from_numpy(order[positions]))
+
+
+def read_batch(dataset: Dataset, indices: torch.Tensor):
+    """The examples at `indices` as one batch: at once through `__getitems__` where the dataset
+    has it (in-memory data, to stay fast), else one `dataset[i]` at a time, then joined by the
+    dataset's `collate` (variable-length examples padded, say), by default stacked."""
+    collate = getattr(dataset, "collate", default_collate)
+    if hasattr(dataset, "__getitems__"):
+        samples = dataset.__getitems__(indices)
+        return samples if isinstance(samples, tuple) else collate(samples)
+    return collate([dataset[i] for i in indices.tolist()])
+
+
+class EpochDataset(Dataset):
+    """What the loaders read: the dataset, told the epoch of each batch before reading it."""
+
+    def __init__(self, dataset: Dataset) -> None:
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitems__(self, batch: tuple[int, torch.Tensor]):
+        epoch, indices = batch
+        self.dataset.epoch = epoch  # in whichever process reads this batch
+        return read_batch(self.dataset, indices)
+
+
+def training_examples(splits, cfg: Config) -> int:
+    """How many training examples the sampler draws from: the first --max-train-examples, or all."""
+    return min(len(splits.train), cfg.max_train_examples or len(splits.train))
+
+
+def _as_read(batch):
+    """The collate_fn: EpochDataset returns whole batches already."""
+    return batch
+
+
+def close(loader: DataLoader) -> None:
+    """Ends a loader's persistent workers now. Dropping the loader does that too, except after an
+    error raised in a worker: torch then keeps its workers to the exit, where they (ignoring stop
+    signals, see seed_worker) would hang it. torch has no public call for this."""
+    if loader._iterator is not None:
+        loader._iterator._shutdown_workers()
+
+
+def seed_worker(worker_id: int) -> None:
+    """Seeds a loader worker's Python and NumPy from the seed torch gave it; leaves stopping to the
+    main process."""
+    ignore_stop_signals()
+    seed = torch.initial_seed() % 2**32
+    random.seed(seed)
+    np.random.seed(seed)
+
+
+def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None = None):
+    """The training loader (resumable order, drop_last) and the validation loader (in order), for
+    this process's rank of `group` (by default init_distributed's: a group of one outside torchrun).
+
+    Validation batches are dealt out to the ranks in turn: together they cover every example once.
+    Every rank gets as many validation batches as the others.
+    """
+    group = group or init_distributed(device.type)
+    rank, world_size = group.rank, group.world_size
+    n_train = training_examples(splits, cfg)
+    batches = EpochBatches(n_train, cfg.batch_size, cfg.seed, rank, world_size)
+    if batches.batches_per_epoch() == 0:
+        raise ConfigError(
+            f"{n_train} training examples make no full batch of {cfg.batch_size} x {world_size} ranks:"
+            " lower --batch-size"
+        )
+    # Every rank the same number of batches: each forward gathers the shards, so a rank with a
+    # batch more would wait for the others forever. Batches of near-equal size, at most batch_size.
+    if len(splits.val) < world_size:
+        raise ConfigError(f"{len(splits.val)} validation examples for {world_size} ranks: each needs one")
+    n_batches = -(-len(splits.val) // (cfg.batch_size * world_size)) * world_size
+    n_batches = min(n_batches, len(splits.val) // world_size * world_size)  # none of them empty
+    chunks = torch.arange(len(splits.val)).tensor_split(n_batches)
+    val_batches = [(0, b) for b in chunks][rank::world_size]
+    common = {
+        "collate_fn": _as_read,
+        "num_workers": cfg.num_workers,
+        "pin_memory": device.type == "cuda",  # page-locked batches make non_blocking copies async
+        "persistent_workers": cfg.num_workers > 0,
+        "prefetch_factor": 4 if cfg.num_workers > 0 else None,
+        "worker_init_fn": seed_worker,
+    }
+    # Each loader has its own generator: a loader without one draws worker seeds from the global
+    # RNG whenever an iterator starts, and a resumed run would then drift from the original.
+    train = DataLoader(
+        EpochDataset(splits.train),
+        batch_sampler=batches,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        **common,
+    )
+    val = DataLoader(
+        EpochDataset(splits.val),
+        batch_sampler=val_batches,
+        generator=torch.Generator().manual_seed(cfg.seed),
+        **common,
+    )
+    return train, val, batches

@@ -1,0 +1,94 @@
+"""Machinery: ending a run cleanly: a signal stops it at a step boundary, and one writer holds a run folder.
+
+SIGTERM (what SLURM, Kubernetes and `kill` send), SIGINT (Ctrl-C) and SIGUSR1 only note the signal;
+the loop reads the note after the optimizer step it is in, writes that step's checkpoint and
+exits with 128 + the signal's number (143, 130, 138), as a shell reports a process the signal
+ended. Run the same command to resume: the stop costs no steps. A second signal aborts at once,
+leaving the newest checkpoint as it was.
+
+A run folder has one writer: `train` holds an exclusive lock on RUN_DIR/.lock for the whole run
+(a POSIX record lock: the kernel drops it when the process ends, even by kill -9, and loader
+workers forked from it do not inherit it), and a second `train` on the folder stops at once.
+"""
+
+import errno
+import fcntl
+import os
+import signal
+import socket
+import threading
+from pathlib import Path
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+class RunFolderBusy(RuntimeError):
+    """Another process holds the run folder."""
+
+
+class Aborted(KeyboardInterrupt):
+    """A second signal: stop at once, without the checkpoint of the current step."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.status = 128 + signum
+
+
+class StopSignals:
+    """Within `with StopSignals() as stop:`, stop.signum is the first stop signal received, or 0."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        self._previous: dict = {}
+
+    def __enter__(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():  # only it may handle signals
+            self._previous = {sig: signal.signal(sig, self._note) for sig in SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+    def _note(self, signum: int, frame) -> None:
+        if self.signum:
+            raise Aborted(signum)
+        self.signum = signum
+
+
+def ignore_stop_signals() -> None:
+    """For loader workers: a Ctrl-C or a SLURM signal reaches the whole process group, and the main
+    process alone decides when to stop (a worker ended by it would crash the loader)."""
+    for sig in SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+class RunLock:
+    """An exclusive lock on RUN_DIR/.lock, naming its holder; released by release() or by the kernel."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.path = run_dir / ".lock"
+        while True:
+            self.file = self.path.open("a+", encoding="utf-8")
+            try:
+                fcntl.lockf(self.file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as error:
+                if error.errno not in (errno.EACCES, errno.EAGAIN):
+                    self.file.close()
+                    raise
+                self.file.seek(0)
+                holder = self.file.read().strip() or "another process"
+                self.file.close()
+                raise RunFolderBusy(
+                    f"{run_dir} is in use by {holder}: wait for it to end, or train into another --run-dir"
+                ) from None
+            if self.path.exists() and os.path.samestat(os.fstat(self.file.fileno()), self.path.stat()):
+                break
+            self.file.close()  # a start that failed removed this file meanwhile: lock the one there now
+        self.file.seek(0)
+        self.file.truncate()
+        self.file.write(f"pid {os.getpid()} on {socket.gethostname()}\n")
+        self.file.flush()
+
+    def release(self) -> None:
+        self.file.close()  # the file stays: deleting it would race a process about to lock it

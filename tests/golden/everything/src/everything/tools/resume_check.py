@@ -1,0 +1,126 @@
+"""Tool: `check resume`, a run resumed from a checkpoint continues exactly as if it had never stopped."""
+
+import os
+import random
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ..config import Config
+from ..data import load_splits
+from ..runtime.checkpoint import load
+from ..runtime.distributed import barrier, init_distributed
+from ..runtime.loader import training_examples
+from ..runtime.records import read_metrics
+from ..train import train
+
+
+def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
+    """Trains 2N steps with a checkpoint at N, resumes a copy from that checkpoint, compares.
+
+    The data is cut to a few batches an epoch, so that N falls mid-epoch and an epoch boundary
+    and validations lie between N and 2N; loader workers are on. What the runs recorded is then
+    checked to hold all of that, so every piece of state a resume needs is exercised.
+    """
+    splits = load_splits(cfg)
+    world_size = init_distributed(torch.device(cfg.device).type).world_size
+    # 3k + 1 micro-batches an epoch for k of them a step: checkpoints then fall mid-epoch.
+    per_batch = cfg.batch_size * world_size
+    micro_per_epoch = min(training_examples(splits, cfg) // per_batch, 3 * cfg.grad_accum_steps + 1)
+    n, mid_epoch_possible = _resume_point(micro_per_epoch, cfg.grad_accum_steps)
+    base = replace(
+        cfg,
+        max_train_examples=micro_per_epoch * per_batch,
+        max_steps=2 * n,
+        warmup_steps=n // 3,
+        ckpt_every=n,
+        eval_every=n // 2 + 1,
+        log_every=1,
+        keep_last=2,
+        patience=0,
+        num_workers=max(1, cfg.num_workers),
+        deterministic=True,
+    )
+    first, second = work / "uninterrupted", work / "resumed"
+    is_main = init_distributed(torch.device(cfg.device).type).is_main
+    if is_main:
+        shutil.rmtree(work, ignore_errors=True)
+    barrier()
+    train(replace(base, run_dir=str(first)), quiet=True)
+    # The run as a crash right after step N's checkpoint would leave it: the records past step N
+    # are in metrics.jsonl (they must be dropped on resume), the later checkpoints are not.
+    barrier()  # rank 0 has written everything
+    if is_main:
+        _as_crashed(first, second, n)
+    barrier()
+    _scramble_global_rngs()
+    train(replace(base, run_dir=str(second)), quiet=True)
+    barrier()
+
+    expected = [r["loss"] for r in read_metrics(first) if r["split"] == "train"]
+    got = [r["loss"] for r in read_metrics(second) if r["split"] == "train"]
+    end = f"checkpoints/step-{2 * n:08d}"
+    a, b = load(first / end), load(second / end)
+    same_state = _equal(a["model"], b["model"]) and _equal(a["optimizer"], b["optimizer"])
+    equal = sum(x == y for x, y in zip(expected[n:], got[n:], strict=False))
+    val_expected, val_got = (
+        [r["loss"] for r in read_metrics(run) if r["split"] == "val" and r["step"] > n]
+        for run in (first, second)
+    )
+    at_n = load(second / f"checkpoints/step-{n:08d}")["state"]
+    crossed = b["state"]["epoch"] - at_n["epoch"]
+    validations = sum(1 for r in read_metrics(second) if r["split"] == "val" and n < r["step"] <= 2 * n)
+    where = f"micro-batch {at_n['batch_in_epoch']} of epoch {at_n['epoch']}"
+    covered = crossed > 0 and validations > 0 and (at_n["batch_in_epoch"] > 0 or not mid_epoch_possible)
+    detail = (
+        f"checkpoint at step {n} of {2 * n} ({where}), then {crossed} epoch boundaries and "
+        f"{validations} validations; losses of steps {n + 1}-{2 * n}: {equal}/{n} equal, "
+        f"validation losses {'equal' if val_got == val_expected else 'DIFFER'}; "
+        f"{len(got)} train records for {2 * n} steps; final model and optimizer "
+        + ("equal" if same_state else "DIFFER")
+    )
+    if not mid_epoch_possible:  # one micro-batch an epoch, or steps of whole epochs
+        detail += f"; no step ends mid-epoch ({micro_per_epoch} micro-batches an epoch, "
+        detail += f"{cfg.grad_accum_steps} a step)"
+    if not covered:
+        detail += "; the runs did not cover a mid-epoch checkpoint, an epoch boundary and a validation"
+    passed = got == expected and val_got == val_expected and len(got) == 2 * n and same_state and covered
+    return passed, detail
+
+
+def _resume_point(micro_per_epoch: int, accum: int) -> tuple[int, bool]:
+    """The first N >= 10 whose step N ends mid-epoch with an epoch boundary before step 2N, and
+    whether one exists: with an epoch of one micro-batch, or steps of whole epochs, none does."""
+    for n in range(10, 10 + micro_per_epoch):  # n * accum modulo micro_per_epoch repeats after that
+        start, end = n * accum, 2 * n * accum
+        if start % micro_per_epoch and (start // micro_per_epoch + 1) * micro_per_epoch < end:
+            return n, True
+    return 10, False
+
+
+def _as_crashed(first: Path, second: Path, n: int) -> None:
+    shutil.copytree(first, second)
+    for path in (second / "checkpoints").iterdir():
+        if path.name != f"step-{n:08d}":
+            shutil.rmtree(path)  # a checkpoint is a folder of shards
+
+
+def _scramble_global_rngs() -> None:
+    """So that the resumed run passes only if it restores every RNG state from its checkpoint."""
+    noise = int.from_bytes(os.urandom(4), "little")
+    random.seed(noise)
+    np.random.seed(noise)
+    torch.manual_seed(noise)
+
+
+def _equal(a, b) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_equal(a[k], b[k]) for k in a)
+    if isinstance(a, list | tuple):
+        return len(a) == len(b) and all(_equal(x, y) for x, y in zip(a, b, strict=True))
+    return a == b
