@@ -1,7 +1,8 @@
 """`scaffold update`: changed answers and template changes merged into an edited project.
 
 Each test makes a project, edits and commits it as its owner would, then updates it. Template
-upgrades are simulated with a copy of templates/ that the test changes between two renders.
+upgrades are simulated with a copy of templates/ that the test changes between two renders, or
+with an older template kept in tests/fixtures/ (the layout before runtime/ and tools/).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import re
 import shutil
 import subprocess
 import sys
+import tarfile
+from pathlib import Path
 
 import pytest
 import yaml
@@ -232,6 +235,114 @@ def test_edit_on_the_same_lines_conflicts_with_markers(scaffold, tmp_path, templ
         "--no-edit")  # fmt: skip
     assert scaffold("update", project).stdout.startswith("Nothing to update")
     assert "warmup_steps: int = fixed(50)" in (project / CONFIG).read_text()
+
+
+# --- a project of the flat layout, moved to the current one ------------------------------
+
+# The template before the package was split into the user's files, runtime/ and tools/.
+FLAT_LAYOUT = Path(__file__).parent / "fixtures" / "template-flat-layout.tar.gz"
+# The owner's edits, each (file, text as rendered, text as edited): the files the split left at the
+# package's top, and a line of the loop that the split did not touch. Should a later template
+# change one of these lines, the update rightly conflicts: edit another line instead.
+USER_FILE_EDITS = [
+    ("src/demo/model.py", "nn.GELU()]", "nn.SiLU()]"),
+    ("src/demo/data.py", "def synthetic_data(n: int = 4096,", "def synthetic_data(n: int = 6000,"),
+    ("src/demo/train.py", "state.step += 1\n", "state.step += 1  # optimizer steps, not batches\n"),
+]
+
+
+@pytest.fixture
+def flat_project(tmp_path):
+    """A project rendered by the template of the flat layout (tests/fixtures/README.md)."""
+    with tarfile.open(FLAT_LAYOUT) as archive:
+        archive.extractall(tmp_path / "flat", filter="data")
+    answers = {"device": "cpu", "precision": "fp32"}
+    project = new_project(tmp_path / "demo", answers, template=tmp_path / "flat" / "templates").path
+    assert (project / "src/demo/engine.py").is_file()
+    assert not (project / "src/demo/runtime").exists()
+    return project
+
+
+def make_edits(folder, edits) -> None:
+    for path, text, edited in edits:
+        content = (folder / path).read_text()
+        assert content.count(text) == 1, f"{text!r} should occur once in {path}"
+        (folder / path).write_text(content.replace(text, edited))
+
+
+def edit_and_commit(project, edits) -> None:
+    make_edits(project, edits)
+    owner = ("-c", "user.name=Owner", "-c", "user.email=o@example.com")
+    git(project, *owner, "commit", "-qam", "mine")
+
+
+def files_of(folder) -> dict:
+    return {k: v for k, v in snapshot(folder).items() if not k.startswith(".git/")}
+
+
+def new_project_with(tmp_path, edits) -> dict:
+    """The files of a new project of the installed template, with `edits` made to them."""
+    fresh = new_project(tmp_path / "fresh" / "demo", {"device": "cpu", "precision": "fp32"}).path
+    make_edits(fresh, edits)
+    return files_of(fresh)
+
+
+@pytest.mark.slow
+def test_flat_project_moves_to_the_new_layout_with_its_edits(scaffold, tmp_path, flat_project):
+    edit_and_commit(flat_project, USER_FILE_EDITS)
+
+    ran = scaffold("update", flat_project)
+
+    assert ran.exit_code == 0, ran.stdout + ran.stderr
+    assert ran.stdout.startswith("Updated")
+    package = flat_project / "src/demo"
+    assert not (package / "engine.py").exists() and not (package / "checks.py").exists()
+    for moved in ("runtime/engine.py", "tools/checks.py", "optim.py"):
+        assert (package / moved).is_file(), moved
+    for path, _, edited in USER_FILE_EDITS:
+        assert edited in (flat_project / path).read_text(), path
+    # A new project's files exactly, with the owner's edits: nothing of the old layout is left.
+    assert files_of(flat_project) == new_project_with(tmp_path, USER_FILE_EDITS)
+    assert git(flat_project, "status", "--porcelain") == ""
+
+    checks = run_project_checks(flat_project)
+
+    assert checks.returncode == 0, checks.stdout + checks.stderr
+    assert "resume check matched: yes" in checks.stdout
+    assert any(line.startswith("overfit: PASS") for line in checks.stdout.splitlines())
+
+
+def test_edit_of_a_moved_machinery_file_moves_with_it(scaffold, tmp_path, flat_project):
+    """git's rename detection carries an edit of engine.py into runtime/engine.py."""
+    zero_grad = "engine.optimizer.zero_grad(set_to_none=True)"
+    edited = f"{zero_grad}  # frees the gradients' memory until backward"
+    edit_and_commit(flat_project, [*USER_FILE_EDITS, ("src/demo/engine.py", zero_grad, edited)])
+
+    ran = scaffold("update", flat_project)
+
+    assert ran.exit_code == 0, ran.stdout + ran.stderr
+    moved = ("src/demo/runtime/engine.py", zero_grad, edited)
+    assert files_of(flat_project) == new_project_with(tmp_path, [*USER_FILE_EDITS, moved])
+
+
+def test_edit_of_code_moved_to_another_file_conflicts_cleanly(scaffold, flat_project):
+    """build_optimizer moved from engine.py to optim.py: git cannot follow code out of a file, so
+    the owner's edit of it is a conflict in runtime/engine.py that shows their version."""
+    adamw = "torch.optim.AdamW(groups, lr=cfg.lr, fused=True)"
+    betas = "torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)"
+    edit_and_commit(flat_project, [*USER_FILE_EDITS, ("src/demo/engine.py", adamw, betas)])
+
+    ran = scaffold("update", flat_project)
+
+    assert ran.exit_code == 1 and "Traceback" not in ran.stderr, ran.stderr
+    assert ran.stderr_lines[0].startswith("error: the update conflicts with edits")
+    listed = [line.strip() for line in ran.stderr_lines if line.startswith("    ")]
+    assert listed == ["src/demo/runtime/engine.py"]
+    engine = (flat_project / "src/demo/runtime/engine.py").read_text()
+    ours = re.search(r"^<<<<<<< .*?^=======$", engine, re.DOTALL | re.MULTILINE)
+    assert ours and betas in ours.group(), engine
+    for path, _, edited in USER_FILE_EDITS:  # the other files merged as usual
+        assert edited in (flat_project / path).read_text(), path
 
 
 # --- (d): refusals that change nothing ----------------------------------------------------
