@@ -242,12 +242,17 @@ def test_edit_on_the_same_lines_conflicts_with_markers(scaffold, tmp_path, templ
 # The template before the package was split into the user's files, runtime/ and tools/.
 FLAT_LAYOUT = Path(__file__).parent / "fixtures" / "template-flat-layout.tar.gz"
 # The owner's edits, each (file, text as rendered, text as edited): the files the split left at the
-# package's top, and a line of the loop that the split did not touch. Should a later template
+# package's top, and a line of train.py that the split did not touch (its loop was rewritten into
+# named steps, so an edit inside the old loop conflicts, as it should). Should a later template
 # change one of these lines, the update rightly conflicts: edit another line instead.
 USER_FILE_EDITS = [
     ("src/demo/model.py", "nn.GELU()]", "nn.SiLU()]"),
     ("src/demo/data.py", "def synthetic_data(n: int = 4096,", "def synthetic_data(n: int = 6000,"),
-    ("src/demo/train.py", "state.step += 1\n", "state.step += 1  # optimizer steps, not batches\n"),
+    (
+        "src/demo/train.py",
+        '"resume with its settings, or start a new --run-dir"',
+        '"resume with its settings, or start a new --run-dir (see NOTES.md)"',
+    ),
 ]
 
 
