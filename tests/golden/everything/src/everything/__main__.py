@@ -27,7 +27,8 @@ from .runtime.distributed import shutdown
 from .runtime.runlog import RunDirError
 from .runtime.stopping import Aborted, RunFolderBusy
 from .tools.checks import run_checks
-from .tools.diagnose import DiagnoseError, run_diagnose
+from .tools.diagnose import run_diagnose
+from .tools.findings import DiagnoseError
 from .tools.profiling import profile
 from .tools.report import ReportError, plot, report
 from .tools.tune import MEMORY_TARGET, RANGE_STEPS, find_batch_size, find_lr
