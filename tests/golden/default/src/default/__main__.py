@@ -23,7 +23,8 @@ from .runtime.checkpoint import CheckpointError
 from .runtime.runlog import RunDirError
 from .runtime.stopping import Aborted, RunFolderBusy
 from .tools.checks import run_checks
-from .tools.diagnose import DiagnoseError, run_diagnose
+from .tools.diagnose import run_diagnose
+from .tools.findings import DiagnoseError
 from .tools.profiling import profile
 from .tools.report import ReportError, plot, report
 from .tools.tune import MEMORY_TARGET, RANGE_STEPS, find_batch_size, find_lr
@@ -34,7 +35,8 @@ BAD_INPUT = (ConfigError, DataError, DiagnoseError, RunFolderBusy)
 FAILURES = (*BAD_INPUT, CheckpointError, RunDirError, ReportError, TrainingError)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its options; a new command needs a parser here and its call in run_command."""
     summary = __doc__.splitlines()[0] if __doc__ else None  # python -OO strips docstrings
     parser = argparse.ArgumentParser(prog=f"python -m {__package__}", description=summary)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -64,32 +66,41 @@ def main(argv: list[str] | None = None) -> int:
     sizer.add_argument("--global-batch", type=int, metavar="N", help="examples a step, accumulation included")
     sizer.add_argument("--memory-target", type=float, default=MEMORY_TARGET, help="share of device memory")
     add_config_arguments(sizer)
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "plot":
-            print(f"wrote {plot(args.run_dirs, args.output)}")
-            return 0
-        if args.command == "report":
-            print(report(args.run_dir, args.since))
-            return 0
-        if args.command == "diagnose":
-            return run_diagnose(args.run_dirs, args.json)
-        cfg = config_from_args(args)
-        if args.command == "train":
-            return train(cfg)["exit_status"]
-        if args.command == "check":
-            return run_checks(cfg, args.which)
-        if args.command == "profile":
-            print(profile(cfg, args.output))
-            return 0
-        if args.command == "find-batch-size":
-            print(find_batch_size(cfg, args.global_batch, args.memory_target))
-            return 0
-        if args.command == "find-lr":
-            print(find_lr(cfg, args.output, args.range_steps))
-            return 0
-        print(summarize(load_splits(cfg)))
+    return parser
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Runs the command that `args` names; its exit status."""
+    if args.command == "plot":
+        print(f"wrote {plot(args.run_dirs, args.output)}")
         return 0
+    if args.command == "report":
+        print(report(args.run_dir, args.since))
+        return 0
+    if args.command == "diagnose":
+        return run_diagnose(args.run_dirs, args.json)
+    cfg = config_from_args(args)
+    if args.command == "train":
+        return train(cfg)["exit_status"]
+    if args.command == "check":
+        return run_checks(cfg, args.which)
+    if args.command == "profile":
+        print(profile(cfg, args.output))
+        return 0
+    if args.command == "find-batch-size":
+        print(find_batch_size(cfg, args.global_batch, args.memory_target))
+        return 0
+    if args.command == "find-lr":
+        print(find_lr(cfg, args.output, args.range_steps))
+        return 0
+    print(summarize(load_splits(cfg)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run_command(args)
     except FAILURES as error:
         bad_input = isinstance(error, BAD_INPUT)
         print(f"error: {error}", file=sys.stderr)

@@ -27,7 +27,8 @@ from .runtime.distributed import shutdown
 from .runtime.runlog import RunDirError
 from .runtime.stopping import Aborted, RunFolderBusy
 from .tools.checks import run_checks
-from .tools.diagnose import DiagnoseError, run_diagnose
+from .tools.diagnose import run_diagnose
+from .tools.findings import DiagnoseError
 from .tools.profiling import profile
 from .tools.report import ReportError, plot, report
 from .tools.tune import MEMORY_TARGET, RANGE_STEPS, find_batch_size, find_lr
@@ -38,7 +39,8 @@ BAD_INPUT = (ConfigError, DataError, DiagnoseError, RunFolderBusy)
 FAILURES = (*BAD_INPUT, CheckpointError, RunDirError, ReportError, TrainingError)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """Every command and its options; a new command needs a parser here and its call in run_command."""
     summary = __doc__.splitlines()[0] if __doc__ else None  # python -OO strips docstrings
     parser = argparse.ArgumentParser(prog=f"python -m {__package__}", description=summary)
     commands = parser.add_subparsers(dest="command", required=True)
@@ -71,36 +73,45 @@ def main(argv: list[str] | None = None) -> int:
     exporter = commands.add_parser("export", help="a checkpoint's model weights, whole, in one .pt file")
     exporter.add_argument("--checkpoint", default="runs/default/checkpoints/best", metavar="DIR")
     exporter.add_argument("--out", metavar="FILE.pt", help="default: the checkpoint's path + .model.pt")
-    args = parser.parse_args(argv)
-    try:
-        if args.command == "plot":
-            print(f"wrote {plot(args.run_dirs, args.output)}")
-            return 0
-        if args.command == "report":
-            print(report(args.run_dir, args.since))
-            return 0
-        if args.command == "diagnose":
-            return run_diagnose(args.run_dirs, args.json)
-        if args.command == "export":
-            out = Path(args.out or f"{Path(args.checkpoint)}.model.pt")
-            print(f"wrote {export(Path(args.checkpoint), out)}: load it with torch.load(weights_only=True)")
-            return 0
-        cfg = config_from_args(args)
-        if args.command == "train":
-            return train(cfg)["exit_status"]
-        if args.command == "check":
-            return run_checks(cfg, args.which)
-        if args.command == "profile":
-            print(profile(cfg, args.output))
-            return 0
-        if args.command == "find-batch-size":
-            print(find_batch_size(cfg, args.global_batch, args.memory_target))
-            return 0
-        if args.command == "find-lr":
-            print(find_lr(cfg, args.output, args.range_steps))
-            return 0
-        print(summarize(load_splits(cfg)))
+    return parser
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Runs the command that `args` names; its exit status."""
+    if args.command == "plot":
+        print(f"wrote {plot(args.run_dirs, args.output)}")
         return 0
+    if args.command == "report":
+        print(report(args.run_dir, args.since))
+        return 0
+    if args.command == "diagnose":
+        return run_diagnose(args.run_dirs, args.json)
+    if args.command == "export":
+        out = Path(args.out or f"{Path(args.checkpoint)}.model.pt")
+        print(f"wrote {export(Path(args.checkpoint), out)}: load it with torch.load(weights_only=True)")
+        return 0
+    cfg = config_from_args(args)
+    if args.command == "train":
+        return train(cfg)["exit_status"]
+    if args.command == "check":
+        return run_checks(cfg, args.which)
+    if args.command == "profile":
+        print(profile(cfg, args.output))
+        return 0
+    if args.command == "find-batch-size":
+        print(find_batch_size(cfg, args.global_batch, args.memory_target))
+        return 0
+    if args.command == "find-lr":
+        print(find_lr(cfg, args.output, args.range_steps))
+        return 0
+    print(summarize(load_splits(cfg)))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run_command(args)
     except FAILURES as error:
         bad_input = isinstance(error, BAD_INPUT)
         if not bad_input or os.environ.get("RANK", "0") == "0":  # every rank finds bad input: one says so

@@ -25,7 +25,7 @@ from ..runtime.engine import Engine, setup, train_step
 from ..runtime.loader import EpochDataset
 from ..runtime.runlog import PROJECT, git_state, write_json_atomically
 from .resume_check import resume_matches
-from .timing import time_loader
+from .timing import LOADER_WARN_SHARE, time_loader
 
 OVERFIT_EXAMPLES = 8
 OVERFIT_MAX_STEPS = 300
@@ -34,7 +34,6 @@ BATCH_CHECK_EXAMPLES = 4  # examples whose outputs are tested for dependence on 
 PADDING_CHECK_EXAMPLES = 64  # where examples are padded: the shortest and longest of these
 INIT_LOSS_FACTOR = 1.5  # the loss at init may differ from initial_loss() by this factor either way
 INIT_BATCHES = 4  # training batches averaged for the loss at initialisation
-LOADER_WARN_SHARE = 0.10
 CHECKS = ("overfit", "batch", "init", "loader", "resume")  # in the order `check all` runs them
 
 

@@ -25,8 +25,7 @@ from ..model import compute_loss
 from ..runtime.engine import PRECISION, Engine, setup, train_step
 from ..runtime.loader import build_loaders
 from ..train import TrainState, micro_batches
-from .checks import LOADER_WARN_SHARE
-from .timing import synchronize
+from .timing import LOADER_WARN_SHARE, synchronize
 
 PHASES = ("data", "copy", "forward", "backward", "optimizer")
 WARMUP_STEPS = 5  # compilation, the allocator and the loader workers settle before any timing

@@ -11,7 +11,8 @@ from pathlib import Path
 
 from ..runtime.records import check_summary_path, read_metrics
 from .checks import sanity
-from .diagnose import DiagnoseError, Run, diagnose, issues_fixed, load_run
+from .diagnose import diagnose, issues_fixed
+from .findings import DiagnoseError, Run, load_run
 
 
 class ReportError(RuntimeError):

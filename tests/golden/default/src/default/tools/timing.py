@@ -17,6 +17,7 @@ LOADER_BATCHES = 200  # batches timed when iterating the loader alone
 WINDOW_STEPS = 30  # optimizer steps timed with compute alone and with real loading
 ROUNDS = 4  # alone, loading and compute are each timed in rounds; the fastest round counts
 SWEEP_BATCHES = 30  # batches timed for each worker count tried, once its workers have started
+LOADER_WARN_SHARE = 0.10  # a step waiting for data over a tenth of its time: fix loading before the model
 
 
 @dataclass

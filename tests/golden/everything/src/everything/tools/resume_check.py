@@ -44,14 +44,36 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
         num_workers=max(1, cfg.num_workers),
         deterministic=True,
     )
+    first, second = _train_then_resume(base, work, n)
+    same, covered, detail = _compare(first, second, n, mid_epoch_possible)
+    if not mid_epoch_possible:  # one micro-batch an epoch, or steps of whole epochs
+        detail += f"; no step ends mid-epoch ({micro_per_epoch} micro-batches an epoch, "
+        detail += f"{cfg.grad_accum_steps} a step)"
+    if not covered:
+        detail += "; the runs did not cover a mid-epoch checkpoint, an epoch boundary and a validation"
+    return same and covered, detail
+
+
+def _resume_point(micro_per_epoch: int, accum: int) -> tuple[int, bool]:
+    """The first N >= 10 whose step N ends mid-epoch with an epoch boundary before step 2N, and
+    whether one exists: with an epoch of one micro-batch, or steps of whole epochs, none does."""
+    for n in range(10, 10 + micro_per_epoch):  # n * accum modulo micro_per_epoch repeats after that
+        start, end = n * accum, 2 * n * accum
+        if start % micro_per_epoch and (start // micro_per_epoch + 1) * micro_per_epoch < end:
+            return n, True
+    return 10, False
+
+
+def _train_then_resume(base: Config, work: Path, n: int) -> tuple[Path, Path]:
+    """Trains 2N steps uninterrupted, copies that run as a crash right after step N's checkpoint
+    would leave it (the records past step N in metrics.jsonl, which the resume must drop; no later
+    checkpoint), and resumes the copy to step 2N: (the uninterrupted run, the resumed one)."""
     first, second = work / "uninterrupted", work / "resumed"
-    is_main = init_distributed(torch.device(cfg.device).type).is_main
+    is_main = init_distributed(torch.device(base.device).type).is_main
     if is_main:
         shutil.rmtree(work, ignore_errors=True)
     barrier()
     train(replace(base, run_dir=str(first)), quiet=True)
-    # The run as a crash right after step N's checkpoint would leave it: the records past step N
-    # are in metrics.jsonl (they must be dropped on resume), the later checkpoints are not.
     barrier()  # rank 0 has written everything
     if is_main:
         _as_crashed(first, second, n)
@@ -59,7 +81,28 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
     _scramble_global_rngs()
     train(replace(base, run_dir=str(second)), quiet=True)
     barrier()
+    return first, second
 
+
+def _as_crashed(first: Path, second: Path, n: int) -> None:
+    shutil.copytree(first, second)
+    for path in (second / "checkpoints").iterdir():
+        if path.name != f"step-{n:08d}":
+            shutil.rmtree(path)  # a checkpoint is a folder of shards
+
+
+def _scramble_global_rngs() -> None:
+    """So that the resumed run passes only if it restores every RNG state from its checkpoint."""
+    noise = int.from_bytes(os.urandom(4), "little")
+    random.seed(noise)
+    np.random.seed(noise)
+    torch.manual_seed(noise)
+
+
+def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tuple[bool, bool, str]:
+    """Whether the resumed run's steps N+1 to 2N, its validations and its final model and optimizer
+    equal the uninterrupted run's; whether they covered a mid-epoch checkpoint, an epoch boundary and
+    a validation; and the numbers behind both."""
     expected = [r["loss"] for r in read_metrics(first) if r["split"] == "train"]
     got = [r["loss"] for r in read_metrics(second) if r["split"] == "train"]
     end = f"checkpoints/step-{2 * n:08d}"
@@ -82,38 +125,8 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
         f"{len(got)} train records for {2 * n} steps; final model and optimizer "
         + ("equal" if same_state else "DIFFER")
     )
-    if not mid_epoch_possible:  # one micro-batch an epoch, or steps of whole epochs
-        detail += f"; no step ends mid-epoch ({micro_per_epoch} micro-batches an epoch, "
-        detail += f"{cfg.grad_accum_steps} a step)"
-    if not covered:
-        detail += "; the runs did not cover a mid-epoch checkpoint, an epoch boundary and a validation"
-    passed = got == expected and val_got == val_expected and len(got) == 2 * n and same_state and covered
-    return passed, detail
-
-
-def _resume_point(micro_per_epoch: int, accum: int) -> tuple[int, bool]:
-    """The first N >= 10 whose step N ends mid-epoch with an epoch boundary before step 2N, and
-    whether one exists: with an epoch of one micro-batch, or steps of whole epochs, none does."""
-    for n in range(10, 10 + micro_per_epoch):  # n * accum modulo micro_per_epoch repeats after that
-        start, end = n * accum, 2 * n * accum
-        if start % micro_per_epoch and (start // micro_per_epoch + 1) * micro_per_epoch < end:
-            return n, True
-    return 10, False
-
-
-def _as_crashed(first: Path, second: Path, n: int) -> None:
-    shutil.copytree(first, second)
-    for path in (second / "checkpoints").iterdir():
-        if path.name != f"step-{n:08d}":
-            shutil.rmtree(path)  # a checkpoint is a folder of shards
-
-
-def _scramble_global_rngs() -> None:
-    """So that the resumed run passes only if it restores every RNG state from its checkpoint."""
-    noise = int.from_bytes(os.urandom(4), "little")
-    random.seed(noise)
-    np.random.seed(noise)
-    torch.manual_seed(noise)
+    same = got == expected and val_got == val_expected and len(got) == 2 * n and same_state
+    return same, covered, detail
 
 
 def _equal(a, b) -> bool:

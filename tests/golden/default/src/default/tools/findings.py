@@ -1,0 +1,75 @@
+"""Tool: what diagnose reads and what it reports: a finished run read back from its folder, and a
+finding with the first checks the training rules give for it. The rules that find them are in
+loss_findings.py (the loss curves) and loop_findings.py (loading, the schedule, clipping).
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..runtime.records import RunRecordError, read_check_summary, read_metrics, read_record
+
+MIN_TRAIN_RECORDS = 5  # fewer logged train steps than this say nothing about a curve
+
+CHECKS = {  # the first checks the training rules give, by finding
+    "nan": "learning rate too high; log of zero or division by zero in a custom loss",
+    "flat": "gradients not flowing (requires_grad, detached tensors); learning rate far too low; "
+    "labels misaligned",
+    "overfitting": "more data or augmentation; regularisation (--dropout, --weight-decay); "
+    "early stopping (--patience) and best.pt",
+    "val-better-than-train": "dropout or augmentation only in train (normal), or leakage between splits",
+    "split-leak": "the same examples in both splits (duplicated rows?): deduplicate before splitting",
+    "spiky": "learning rate too high or no warmup (--warmup-steps); bad samples (inspect-data); "
+    "batch too small",
+    "loader-bound": "raise --num-workers; move decoding out of the main process; profile one window",
+    "lr-in-warmup": "the run ended inside its warmup: more --max-steps or fewer --warmup-steps",
+    "lr-jump": "the schedule restarted without warmup, a cause of spikes: keep --max-steps when resuming, "
+    "or start a new run",
+    "schedule-ended-early": "the schedule is built for fewer steps than the run trained (an edited "
+    "lr_factor?): build it for max_steps",
+    "grad-norm-pinned": "every update is clipped far below its norm: --grad-clip too low for this "
+    "model, or gradients growing (learning rate too high)",
+}
+
+
+class DiagnoseError(RuntimeError):
+    """A run folder that cannot be read."""
+
+
+@dataclass
+class Finding:
+    name: str
+    evidence: str  # what the records show, with steps and values
+    step: int | None = None  # where it starts, when it has a start
+    checks: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.checks = CHECKS[self.name]
+
+    def line(self) -> str:
+        return f"{self.name}: {self.evidence}; first checks: {self.checks}"
+
+
+@dataclass
+class Run:
+    dir: Path
+    record: dict  # run.json
+    train: list[dict]  # metrics.jsonl's train records, in step order
+    val: list[dict]
+    summary: dict | None  # the check summary beside the run, if `check all` wrote one
+
+    @property
+    def config(self) -> dict:
+        return self.record.get("config", {})
+
+
+def load_run(run_dir: str) -> Run:
+    path = Path(run_dir)
+    try:
+        record = read_record(path)
+        metrics = read_metrics(path)
+    except RunRecordError as error:
+        raise DiagnoseError(str(error)) from None
+    except OSError as error:
+        raise DiagnoseError(f"cannot read {path / 'metrics.jsonl'}: {error.strerror}") from None
+    train = [r for r in metrics if r["split"] == "train"]
+    return Run(path, record, train, [r for r in metrics if r["split"] == "val"], read_check_summary(path))

@@ -1,0 +1,84 @@
+"""Tool: diagnose's rules on how the loop ran: waiting for data, the learning-rate schedule (a run
+ended in warmup, a restarted schedule, one that ended early), gradient clipping that always acts.
+Each reads a Run and returns its findings; the thresholds below say why each value.
+"""
+
+import itertools
+import math
+import statistics
+
+from ..runtime.records import check_summary_path
+from .findings import MIN_TRAIN_RECORDS, Finding, Run
+
+LOADER_BOUND_SHARE = 0.5  # time waiting for data: past half, loading is slower than the step itself
+LR_JUMP_FACTOR = 1.5  # after warmup the lr only decays: a rise by half is a restarted schedule
+SCHEDULE_FLOOR_SHARE = 0.10  # share of the run spent at the decay's floor: it ended before the run
+CLIP_PINNED_SHARE = 0.9  # steps after warmup with the gradient norm over the clip: the clip always acts
+# and their median norm 10x the clip: just over it costs AdamW little (it rescales its updates),
+# ten times over, the clip is far too low or the gradients keep growing
+CLIP_PINNED_FACTOR = 10.0
+
+
+def find_loader_bound(run: Run) -> list[Finding]:
+    found = []
+    finished = run.record.get("finished") or {}
+    share = finished.get("data_wait_share")
+    if share is not None and share > LOADER_BOUND_SHARE:
+        evidence = (
+            f"its training steps waited for data {share:.0%} of their time "
+            f"({finished['examples_per_s']:,.0f} examples/s, num_workers={run.config.get('num_workers')})"
+        )
+        found.append(Finding("loader-bound", evidence))
+    checks = (run.summary or {}).get("checks", {})
+    if not found and checks.get("loader") is False:
+        evidence = f"check loader failed: {run.summary['loader_share']:.0%} of a step waiting for data"
+        found.append(Finding("loader-bound", evidence + f" ({check_summary_path(run.dir)})"))
+    return found
+
+
+def find_schedule(run: Run) -> list[Finding]:
+    train, cfg = run.train, run.config
+    if len(train) < MIN_TRAIN_RECORDS or "warmup_steps" not in cfg:
+        return []
+    peak, last = max(r["lr"] for r in train), train[-1]
+    if last["step"] < cfg["warmup_steps"]:
+        evidence = (
+            f"lr {last['lr']:.3g} at the last step {last['step']}, {last['lr'] / cfg.get('lr', peak):.0%} "
+            f"of the way up"
+            f" a {cfg['warmup_steps']}-step warmup"
+        )
+        return [Finding("lr-in-warmup", evidence, last["step"])]
+    after = [r for r in train if r["step"] > cfg["warmup_steps"]]
+    resumed = [r["at_step"] for r in run.record.get("resumed", [])]
+    for a, b in itertools.pairwise(after):
+        if b["lr"] > a["lr"] * LR_JUMP_FACTOR:
+            at = [s for s in resumed if a["step"] <= s < b["step"]]
+            why = f" (resumed at step {at[0]}: with another --max-steps?)" if at else ""
+            evidence = f"lr rose {a['lr']:.3g} -> {b['lr']:.3g} from step {a['step']} to {b['step']}{why}"
+            return [Finding("lr-jump", evidence, b["step"])]
+    floor = cfg.get("min_lr", 0.0)
+    at_floor = [r for r in train if r["step"] > cfg["warmup_steps"] and r["lr"] <= floor * (1 + 1e-6)]
+    if at_floor and (last["step"] - at_floor[0]["step"]) > SCHEDULE_FLOOR_SHARE * last["step"]:
+        evidence = (
+            f"lr at its floor {floor:.3g} from step {at_floor[0]['step']} to {last['step']} "
+            f"({(last['step'] - at_floor[0]['step']) / last['step']:.0%} of the run)"
+        )
+        return [Finding("schedule-ended-early", evidence, at_floor[0]["step"])]
+    return []
+
+
+def find_clip_pinned(run: Run) -> list[Finding]:
+    clip = run.config.get("grad_clip")
+    late = [r for r in run.train if r["step"] > run.config.get("warmup_steps", 0)]
+    late = [r for r in late if math.isfinite(r["grad_norm"])]
+    if clip is None or len(late) < MIN_TRAIN_RECORDS:
+        return []
+    over = [r for r in late if r["grad_norm"] > clip]
+    median = statistics.median(r["grad_norm"] for r in late)
+    if len(over) < CLIP_PINNED_SHARE * len(late) or median < CLIP_PINNED_FACTOR * clip:
+        return []
+    evidence = (
+        f"grad_norm over the clip {clip} on {len(over)} of {len(late)} logged steps after warmup "
+        f"(median {median:.3g}, from step {over[0]['step']})"
+    )
+    return [Finding("grad-norm-pinned", evidence, over[0]["step"])]
