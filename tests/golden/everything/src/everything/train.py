@@ -1,4 +1,5 @@
-"""Yours to edit: the training loop, top to bottom, with validation and checkpoints.
+"""Yours to edit: the training loop, top to bottom: a run restored or started, the loaders, the
+steps with their logging, validation and checkpoints, and the summary.
 
     python -m everything train  # synthetic data, into runs/default
     python -m everything train --data path/to/pairs.npz --run-dir runs/exp1
@@ -15,7 +16,7 @@ import math
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -23,52 +24,27 @@ from tqdm import tqdm
 
 from .config import EVAL_EVERY_MAX, RESUME_FIXED, Config, ConfigError
 from .data import Splits, load_splits
-from .runtime.checkpoint import CheckpointDir, load_shards, rng_state, set_rng_state
-from .runtime.distributed import all_gather, all_reduce_sum, any_rank_max, broadcast_buffers, init_distributed
+from .runtime.checkpoint import CheckpointDir, restore
+from .runtime.distributed import (
+    Dist,
+    all_gather,
+    all_reduce_sum,
+    any_rank_max,
+    broadcast_buffers,
+    init_distributed,
+    resharding,
+)
 from .runtime.engine import PRECISION, Engine, evaluate, setup, train_step
 from .runtime.loader import EpochBatches, build_loaders, close
+from .runtime.progress import Progress
+from .runtime.rng import rng_state, set_rng_state
 from .runtime.runlog import RunLog, SilentRunLog, run_record
+from .runtime.state import TrainState, micro_batches, waited
 from .runtime.stopping import StopSignals
 
 
 class TrainingError(RuntimeError):
     """Training cannot go on (a NaN loss, say); the message says what to check."""
-
-
-@dataclass
-class TrainState:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0
-    batch_in_epoch: int = 0  # micro-batches of this epoch already trained on
-    best_val_loss: float = math.inf
-    best_step: int = 0
-    evals_since_best: int = 0  # for early stopping
-    schedule_steps: int = 0  # the cosine decay's horizon: --max-steps when the run started
-    skipped_steps: int = 0  # optimizer steps the GradScaler skipped: their gradients overflowed
-
-
-def micro_batches(loader, sampler: EpochBatches, state: TrainState):
-    """Training batches without end; keeps state.epoch and state.batch_in_epoch current."""
-    while True:
-        sampler.set_epoch(state.epoch, start=state.batch_in_epoch)
-        for batch in loader:
-            state.batch_in_epoch += 1
-            yield batch
-        state.epoch += 1
-        state.batch_in_epoch = 0
-
-
-def waited(batches, waits: list[float]):
-    """Passes batches through, adding the seconds each took to arrive to waits[0]; closing it
-    closes `batches` (and so ends the loader's workers)."""
-    try:
-        while True:
-            start = time.perf_counter()
-            batch = next(batches)
-            waits[0] += time.perf_counter() - start
-            yield batch
-    finally:
-        batches.close()
 
 
 def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
@@ -90,17 +66,8 @@ def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
     return every, f"plan: {size}: validating every {every} steps ({why}), {stop}, best kept"
 
 
-def check_resumable(checkpoint: dict, cfg: Config, splits: Splits, world_size: int) -> str | None:
-    """Refuses other settings; a note on what a resume on another number of processes keeps."""
-    saved_world = len(checkpoint["rng"])
-    note = None
-    if saved_world != world_size:
-        note = (
-            f"{cfg.run_dir} was trained by {saved_world} processes, resumed by {world_size}: the model and"
-            f" optimizer are resharded exactly; the global batch becomes {world_size} x {cfg.batch_size}"
-            " examples, the epoch goes on from the first batch not wholly trained on, and ranks"
-            f" {saved_world}+ start fresh random streams (see README: Distributed training)"
-        )
+def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
+    """Refuses a checkpoint of other settings: the run would not go on as it started."""
     saved = checkpoint["config"]
     changed = [
         f"{k} {saved.get(k)!r} -> {getattr(cfg, k)!r}"
@@ -117,13 +84,134 @@ def check_resumable(checkpoint: dict, cfg: Config, splits: Splits, world_size: i
             f"{cfg.run_dir} holds a run with other settings ({'; '.join(changed)}): "
             "resume with its settings, or start a new --run-dir"
         )
-    return note
 
 
-def reshard_position(state: TrainState, saved_world: int, world_size: int) -> None:
-    """The epoch's position in global batches of this many processes: the first global batch
-    with an example not trained on (the examples before it in this epoch are not seen again)."""
-    state.batch_in_epoch = state.batch_in_epoch * saved_world // world_size
+def restore_run(cfg, splits, engine, run, checkpoints, group: Dist, say) -> tuple[TrainState, dict | None]:
+    """A fresh run's state, or the newest valid checkpoint's restored into `engine`; with it this
+    rank's saved RNG streams (None for a fresh run, or a rank a reshard adds), to restore last."""
+    latest = checkpoints.load_latest()
+    record = run_record(cfg, splits.describe(), PRECISION)  # run.json, unless resuming
+    if latest is None:
+        run.start(record)
+        return TrainState(schedule_steps=cfg.max_steps), None
+    path, checkpoint = latest
+    saved_world = len(checkpoint["rng"])
+    note = resharding(saved_world, group.world_size, cfg)
+    check_resumable(checkpoint, cfg, splits)
+    state = TrainState(**checkpoint["state"])
+    if note:
+        state.reshard(saved_world, group.world_size)
+        say(f"warning: {note}")
+    state.schedule_steps = state.schedule_steps or checkpoint["config"]["max_steps"]
+    if state.schedule_steps != cfg.max_steps:  # a raised --max-steps: past the horizon, min_lr
+        engine.keep_schedule(cfg, state.schedule_steps)
+    restore(engine, path, checkpoint)
+    if state.step < cfg.max_steps:
+        run.resume(record, state.step, path, checkpoint)
+        say(f"resuming from {path} at step {state.step}")
+    return state, checkpoint["rng"][group.rank] if group.rank < saved_world else None
+
+
+def payload(cfg: Config, engine: Engine, splits: Splits, state: TrainState, run) -> dict:
+    """What a checkpoint holds: the engine's state, the loop's position, every rank's RNG streams."""
+    broadcast_buffers(engine.model)  # one copy of the buffers is saved: rank 0's, on every rank
+    return {
+        **engine.state_dict(),
+        "state": asdict(state),
+        "rng": all_gather(rng_state()),  # every rank's streams, restored rank by rank
+        "config": asdict(cfg),
+        "data": splits.describe(),
+        "tracker": run.tracker_state(),  # resumes the same tracker run
+    }
+
+
+def examples_per_step(cfg: Config, group: Dist) -> int:
+    return cfg.grad_accum_steps * cfg.batch_size * group.world_size
+
+
+def log_train(run, progress, state, loss: float, lr: float, grad_norm: float, skipped: int, say) -> None:
+    """A train record in metrics.jsonl and on the console; a NaN loss stops the run first."""
+    if not math.isfinite(loss):  # before any checkpoint could hold the damage
+        # recorded for diagnose, which reads the lr and grad norm before it
+        run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
+        raise TrainingError(
+            f"loss is {loss} at step {state.step}: lower --lr, check the precision"
+            " (fp16 overflows where bf16 does not), and inspect the data (inspect-data)"
+        )
+    if skipped > state.skipped_steps:
+        say(
+            f"step {state.step}: fp16 gradients overflowed, the GradScaler skipped"
+            f" {skipped - state.skipped_steps} steps ({skipped} in all) and lowered its scale"
+        )
+    state.skipped_steps = skipped
+    run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm, skipped_steps=skipped)
+    progress.log(state.step, loss, lr, grad_norm)
+
+
+def validate(cfg, engine, splits, device, state, val_loader, run, checkpoints, say) -> bool:
+    """A validation pass, recorded; best saved when it improved. True: stop early."""
+    broadcast_buffers(engine.model)  # every rank evaluates rank 0's BatchNorm statistics
+    metrics = evaluate(engine, val_loader, splits, device)
+    run.log(step=state.step, split="val", **metrics)
+    improved = metrics["loss"] < state.best_val_loss
+    stop = False
+    if improved:
+        state.best_val_loss, state.best_step = metrics["loss"], state.step
+        state.evals_since_best = 0
+        checkpoints.save_best(payload(cfg, engine, splits, state, run))
+    else:
+        state.evals_since_best += 1
+        stop = cfg.patience > 0 and state.evals_since_best >= cfg.patience
+    shown = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items())
+    say(f"step {state.step}  val {shown}" + ("  (best)" if improved else ""))
+    if stop:
+        say(f"early stop: no better validation in {cfg.patience} since step {state.best_step}")
+    return stop
+
+
+def run_steps(
+    cfg, engine, splits, device, group, state, batches, val_loader, eval_every, run, checkpoints, signals,
+    progress, say, waits,
+) -> tuple[dict, "Path | None"]:  # fmt: skip
+    """The steps from state.step to cfg.max_steps, or to an early or signalled stop: the summary,
+    and the last checkpoint written."""
+    engine.model.train()
+    skipped = torch.tensor(state.skipped_steps, device=device)  # counted on the device: no sync
+    started, first_step, stop, signum, saved = time.perf_counter(), state.step, False, 0, None
+    while state.step < cfg.max_steps and not stop:
+        step_started = time.perf_counter()
+        lr = engine.scheduler.get_last_lr()[0]
+        loss, grad_norm = train_step(engine, batches, cfg, device)
+        skipped += grad_norm.isfinite().logical_not()  # the scaler's own test: inf or NaN grads
+        engine.scheduler.step()
+        state.step += 1
+        progress.update()
+        signum = any_rank_max(signals.signum)  # every rank stops at the same step
+        last = state.step == cfg.max_steps
+        save = state.step % cfg.ckpt_every == 0 or last or signum
+        if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
+            loss = all_reduce_sum(loss) / group.world_size  # the mean over every rank's examples
+            log_train(run, progress, state, loss.item(), lr, grad_norm.item(), int(skipped.item()), say)
+        waits[1] += time.perf_counter() - step_started  # to the logging sync; not validation
+        if state.step % eval_every == 0 or last:
+            stop = validate(cfg, engine, splits, device, state, val_loader, run, checkpoints, say)
+        if save or stop:
+            saved = checkpoints.save(payload(cfg, engine, splits, state, run), state.step)
+            run.checkpointed(state.step)
+        if signum:
+            break
+    seconds = time.perf_counter() - started
+    examples = (state.step - first_step) * examples_per_step(cfg, group)
+    return {
+        "step": state.step,
+        "best_val_loss": state.best_val_loss,
+        "best_step": state.best_step,
+        "seconds": seconds,
+        "examples_per_s": examples / seconds if seconds > 0 else math.nan,
+        "data_wait_share": waits[0] / waits[1] if waits[1] > 0 else math.nan,  # of the steps' time
+        "stopped_by": signal.Signals(signum).name if signum else None,
+        "exit_status": 128 + signum if signum else 0,
+    }, saved
 
 
 def train(cfg: Config, quiet: bool = False) -> dict:
@@ -133,189 +221,55 @@ def train(cfg: Config, quiet: bool = False) -> dict:
     plus its number.
     """
     with StopSignals() as signals:
-        return _train(cfg, quiet, signals)
-
-
-def _train(cfg: Config, quiet: bool, signals: StopSignals) -> dict:
-    device = setup(cfg)
-    group = init_distributed(device.type)
-    quiet = quiet or not group.is_main  # one rank speaks for all
-    splits = load_splits(cfg)
-    engine = Engine(cfg, splits, device)
-    state = TrainState()
-    run = RunLog(Path(cfg.run_dir)) if group.is_main else SilentRunLog()  # rank 0 alone writes
-    checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, manage=group.is_main)
-    say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
-    latest = checkpoints.load_latest()
-    record = run_record(cfg, splits.describe(), PRECISION)  # run.json, unless resuming
-    if latest is None:
-        run.start(record)
-        state.schedule_steps = cfg.max_steps
-    else:
-        path, checkpoint = latest
-        reshard = check_resumable(checkpoint, cfg, splits, group.world_size)
-        state = TrainState(**checkpoint["state"])
-        if reshard:
-            reshard_position(state, len(checkpoint["rng"]), group.world_size)
-            say(f"warning: {reshard}")
-        checkpoint |= load_shards(path, engine.state_dict())  # this rank's, in place
-        state.schedule_steps = state.schedule_steps or checkpoint["config"]["max_steps"]
-        if state.schedule_steps != cfg.max_steps:  # a raised --max-steps: past the horizon, min_lr
-            engine.keep_schedule(cfg, state.schedule_steps)
-        engine.load_state_dict(checkpoint)
+        device = setup(cfg)
+        group = init_distributed(device.type)
+        quiet = quiet or not group.is_main  # one rank speaks for all
+        say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
+        splits = load_splits(cfg)
+        engine = Engine(cfg, splits, device)
+        run = RunLog(Path(cfg.run_dir)) if group.is_main else SilentRunLog()  # rank 0 alone writes
+        checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, main=group.is_main)
+        state, saved_rng = restore_run(cfg, splits, engine, run, checkpoints, group, say)
         if state.step >= cfg.max_steps:
             run.close()
             say(f"{cfg.run_dir} is complete at step {state.step}: raise --max-steps to train on")
             return {**asdict(state), "stopped_by": None, "exit_status": 0}
-        run.resume(record, state.step, path, checkpoint)
-        say(f"resuming from {path} at step {state.step}")
-    n_params = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
-    say(f"model: {n_params:,} trainable parameters; device {device}, precision {PRECISION}")
-    say(f"data: {splits.source}, {len(splits.train):,} train / {len(splits.val):,} val examples")
-    say(f"ranks: {group.world_size}, {cfg.batch_size} examples each a micro-batch")
-    train_loader, val_loader, sampler = build_loaders(splits, cfg, device, group)
-    eval_every, plan = validation_schedule(cfg, sampler)
-    say(plan)
-    waits = [0.0, 0.0]  # seconds spent waiting for the next batch, and in training steps in all
-    batches = waited(micro_batches(train_loader, sampler, state), waits)
-    if latest is not None and group.rank < len(checkpoint["rng"]):  # ranks a reshard adds: seeded
-        set_rng_state(checkpoint["rng"][group.rank])  # last: nothing above may consume these streams
-
-    def payload() -> dict:
-        # One copy of the unsharded buffers is saved, from any rank: make it rank 0's, on every rank.
-        broadcast_buffers(engine.model)
-        return {
-            **engine.state_dict(),
-            "state": asdict(state),
-            "rng": all_gather(rng_state()),  # every rank's streams, restored rank by rank
-            "config": asdict(cfg),
-            "data": splits.describe(),
-            "tracker": run.tracker_state(),  # resumes the same tracker run
-        }
-
-    engine.model.train()
-    examples_per_step = cfg.grad_accum_steps * cfg.batch_size * group.world_size
-    progress = Progress(cfg.max_steps, state.step, examples_per_step, quiet)
-    skipped = torch.tensor(state.skipped_steps, device=device)  # counted on the device: no sync
-    started, first_step, stop, signum = time.perf_counter(), state.step, False, 0
-    try:
-        while state.step < cfg.max_steps and not stop:
-            step_started = time.perf_counter()
-            lr = engine.scheduler.get_last_lr()[0]
-            loss, grad_norm = train_step(engine, batches, cfg, device)
-            skipped += grad_norm.isfinite().logical_not()  # the scaler's own test: inf or NaN grads
-            engine.scheduler.step()
-            state.step += 1
-            progress.update()
-            signum = any_rank_max(signals.signum)  # every rank stops at the same step
-            last = state.step == cfg.max_steps
-            save = state.step % cfg.ckpt_every == 0 or last or signum
-            if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
-                loss = all_reduce_sum(loss) / group.world_size  # the mean over every rank's examples
-                loss, grad_norm = loss.item(), grad_norm.item()
-                if not math.isfinite(loss):  # before any checkpoint could hold the damage
-                    # recorded for diagnose, which reads the lr and grad norm before it
-                    run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
-                    raise TrainingError(
-                        f"loss is {loss} at step {state.step}: lower --lr, check the precision"
-                        " (fp16 overflows where bf16 does not), and inspect the data (inspect-data)"
-                    )
-                skipped_before, state.skipped_steps = state.skipped_steps, int(skipped.item())
-                extra = {"skipped_steps": state.skipped_steps}
-                if state.skipped_steps > skipped_before:
-                    say(
-                        f"step {state.step}: fp16 gradients overflowed, the GradScaler skipped"
-                        f" {state.skipped_steps - skipped_before} steps ({state.skipped_steps} in all)"
-                        " and lowered its scale"
-                    )
-                run.log(step=state.step, split="train", loss=loss, lr=lr, grad_norm=grad_norm, **extra)
-                progress.log(state.step, loss, lr, grad_norm)
-            waits[1] += time.perf_counter() - step_started  # to the logging sync; not validation
-            if state.step % eval_every == 0 or last:
-                broadcast_buffers(engine.model)
-                metrics = evaluate(engine, val_loader, splits, device)
-                run.log(step=state.step, split="val", **metrics)
-                improved = metrics["loss"] < state.best_val_loss
-                if improved:
-                    state.best_val_loss, state.best_step = metrics["loss"], state.step
-                    state.evals_since_best = 0
-                    checkpoints.save_best(payload())
-                else:
-                    state.evals_since_best += 1
-                    stop = cfg.patience > 0 and state.evals_since_best >= cfg.patience
-                shown = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items())
-                say(f"step {state.step}  val {shown}" + ("  (best)" if improved else ""))
-                if stop:
-                    say(f"early stop: no better validation in {cfg.patience} since step {state.best_step}")
-            if save or stop:
-                saved = checkpoints.save(payload(), state.step)
-                run.checkpointed(state.step)
-            if signum:
-                break
-        seconds = time.perf_counter() - started
-        examples = (state.step - first_step) * examples_per_step
-        summary = {
-            "step": state.step,
-            "best_val_loss": state.best_val_loss,
-            "best_step": state.best_step,
-            "best_checkpoint": str(checkpoints.path / "best"),
-            "seconds": seconds,
-            "examples_per_s": examples / seconds if seconds > 0 else math.nan,
-            "data_wait_share": waits[0] / waits[1] if waits[1] > 0 else math.nan,  # of the steps' time
-            "stopped_by": signal.Signals(signum).name if signum else None,
-            "exit_status": 128 + signum if signum else 0,
-        }
-        run.finish(summary)
-    finally:
-        progress.close()
-        run.close()
-        # Loader workers ignore stop signals, so at exit they must be ended here, by their loaders.
-        batches.close()
-        close(train_loader)
-        close(val_loader)
-        del batches, train_loader, val_loader
-    if signum:
-        if not quiet:
-            print(
-                f"stopped at step {state.step} by {summary['stopped_by']}; checkpoint {saved};"
-                " run the same command to resume",
-                file=sys.stderr,
-                flush=True,
-            )
-        return summary
-    best = summary["best_checkpoint"]
-    say(f"best val loss {state.best_val_loss:.4f} at step {state.best_step}; checkpoint {best}")
-    return summary
-
-
-class Progress:
-    """A progress bar with loss, throughput and ETA on a terminal; plain lines when logged to a file."""
-
-    def __init__(self, max_steps: int, step: int, examples_per_step: int, quiet: bool) -> None:
-        self.max_steps = max_steps
-        self.examples_per_step = examples_per_step
-        self.quiet = quiet
-        on_terminal = not quiet and sys.stderr.isatty()
-        self.bar = tqdm(
-            total=max_steps, initial=step, unit="step", dynamic_ncols=True, disable=not on_terminal
+        n_params = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
+        say(f"model: {n_params:,} trainable parameters; device {device}, precision {PRECISION}")
+        say(f"data: {splits.source}, {len(splits.train):,} train / {len(splits.val):,} val examples")
+        if group.world_size > 1:
+            say(f"ranks: {group.world_size}, {cfg.batch_size} examples each a micro-batch")
+        train_loader, val_loader, sampler = build_loaders(splits, cfg, device, group)
+        eval_every, plan = validation_schedule(cfg, sampler)
+        say(plan)
+        waits = [0.0, 0.0]  # seconds spent waiting for the next batch, and in training steps in all
+        batches = waited(micro_batches(train_loader, sampler, state), waits)
+        if saved_rng is not None:
+            set_rng_state(saved_rng)  # last: nothing above may consume the restored streams
+        progress = Progress(cfg.max_steps, state.step, examples_per_step(cfg, group), quiet)
+        try:
+            summary, saved = run_steps(
+                cfg, engine, splits, device, group, state, batches, val_loader, eval_every, run,
+                checkpoints, signals, progress, say, waits,
+            )  # fmt: skip
+            summary["best_checkpoint"] = str(checkpoints.path / "best")
+            run.finish(summary)
+        finally:
+            progress.close()
+            run.close()
+            # Loader workers ignore stop signals, so at exit they must be ended here, by their loaders.
+            batches.close()
+            close(train_loader)
+            close(val_loader)
+            del batches, train_loader, val_loader
+    if summary["stopped_by"] and not quiet:
+        print(
+            f"stopped at step {state.step} by {summary['stopped_by']}; checkpoint {saved};"
+            " run the same command to resume",
+            file=sys.stderr,
+            flush=True,
         )
-        self.clock, self.clock_step = time.perf_counter(), step
-
-    def update(self) -> None:
-        self.bar.update()
-
-    def log(self, step: int, loss: float, lr: float, grad_norm: float) -> None:
-        now = time.perf_counter()
-        rate = (step - self.clock_step) * self.examples_per_step / (now - self.clock)
-        self.clock, self.clock_step = now, step
-        if not self.bar.disable:
-            self.bar.set_postfix_str(f"loss {loss:.4f}  lr {lr:.2e}  {rate:,.0f} examples/s")
-        elif not self.quiet:
-            print(
-                f"step {step}/{self.max_steps}  loss {loss:.4f}  lr {lr:.2e}"
-                f"  grad_norm {grad_norm:.3f}  {rate:,.0f} examples/s",
-                flush=True,
-            )
-
-    def close(self) -> None:
-        self.bar.close()
+    elif not summary["stopped_by"]:
+        best = summary["best_checkpoint"]
+        say(f"best val loss {state.best_val_loss:.4f} at step {state.best_step}; checkpoint {best}")
+    return summary

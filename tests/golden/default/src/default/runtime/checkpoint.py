@@ -12,11 +12,9 @@ bit in the weights is reported, and the previous checkpoint used, as for a trunc
 import contextlib
 import hashlib
 import os
-import random
 import re
 from pathlib import Path
 
-import numpy as np
 import torch
 
 STEP_NAME = re.compile(r"step-(\d+)\.pt")
@@ -27,41 +25,16 @@ class CheckpointError(RuntimeError):
     """No usable checkpoint, or one that cannot be written; the message names the files."""
 
 
-def rng_state() -> dict:
-    numpy_state = np.random.get_state(legacy=False)
-    return {
-        "python": random.getstate(),
-        "numpy": {
-            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
-            "pos": numpy_state["state"]["pos"],
-            "has_gauss": numpy_state["has_gauss"],
-            "gauss": numpy_state["gauss"],
-        },
-        "torch": torch.get_rng_state(),
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    numpy_state = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": "MT19937",
-            "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
-            "has_gauss": numpy_state["has_gauss"],
-            "gauss": numpy_state["gauss"],
-        }
-    )
-    torch.set_rng_state(state["torch"])
-
-
 class CheckpointDir:
     """`step-<n>.pt` every ckpt_every steps (the newest keep_last kept) and `best.pt`."""
 
-    def __init__(self, path: Path, keep_last: int) -> None:
+    def __init__(self, path: Path, keep_last: int, main: bool = True) -> None:
+        """`main=False` (the other ranks of a multi-process run): reads checkpoints, saves nothing."""
         self.path = path
         self.keep_last = keep_last
-        self._prepare()
+        self.main = main
+        if main:
+            self._prepare()
 
     def _prepare(self) -> None:
         """Makes the folder (RunLog made it in a run) and removes what a crash in the middle of a
@@ -79,6 +52,8 @@ class CheckpointDir:
         return [p for _, p in sorted(found)]
 
     def save(self, payload: dict, step: int) -> Path:
+        if not self.main:
+            return self.path / f"step-{step:08d}.pt"
         target = self.path / f"step-{step:08d}.pt"
         _atomic_save(payload, target)
         for old in self.step_files()[: -self.keep_last]:  # only once the new one is safely written
@@ -89,6 +64,8 @@ class CheckpointDir:
         return target
 
     def save_best(self, payload: dict) -> Path:
+        if not self.main:
+            return self.path / "best.pt"
         target = self.path / "best.pt"
         _atomic_save(payload, target)
         return target
@@ -108,6 +85,11 @@ class CheckpointDir:
         raise CheckpointError(
             f"no usable checkpoint in {self.path}: {'; '.join(problems)}. Move them aside to start afresh."
         )
+
+
+def restore(engine, path: Path, checkpoint: dict) -> None:
+    """The model, optimizer and scheduler of `checkpoint` (read from `path`) into `engine`."""
+    engine.load_state_dict(checkpoint)
 
 
 def load(path: Path) -> dict:

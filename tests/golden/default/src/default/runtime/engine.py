@@ -1,7 +1,8 @@
-"""Machinery: the training objects, built in one place: the model, the
+"""Machinery: the training objects, built in one place: the model and what the loop calls, the
 optimizer (optim.py); one optimizer step; one pass over the validation split.
 
-`train` and every check build them as one `Engine`, so a check proves the code that trains.
+`train` and every check build them as one `Engine`, so a check proves the code that trains. What
+differs with the number of processes is in distributed.py.
 """
 
 import dataclasses
@@ -13,6 +14,7 @@ import torch
 from ..config import Config, ConfigError
 from ..model import Metrics, build_model, compute_loss
 from ..optim import build_optimizer, lr_factor
+from . import distributed
 
 PRECISION = "fp32"
 
@@ -26,7 +28,7 @@ def setup(cfg: Config) -> torch.device:
     if cfg.deterministic:
         torch.use_deterministic_algorithms(True)
         torch.set_num_threads(1)  # CPU reductions then add in one fixed order
-    seed = cfg.seed
+    seed = cfg.seed + distributed.init_distributed(device.type).rank  # each rank its own dropout masks
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
@@ -37,8 +39,9 @@ class Engine:
     """The objects a step changes, each saving and loading itself through state_dict()."""
 
     def __init__(self, cfg: Config, splits, device: torch.device) -> None:
-        self.model = build_model(cfg, splits).to(device)  # plain: what checkpoints hold
-        self.forward = self.model  # what the loop calls
+        with distributed.model_init_rng(cfg):
+            self.model = build_model(cfg, splits).to(device)  # what checkpoints hold
+        self.forward = distributed.wrap(self.model, cfg, device)  # what the loop calls
         self.optimizer = build_optimizer(self.model, cfg)
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
 
@@ -47,16 +50,17 @@ class Engine:
         schedule = lr_factor(dataclasses.replace(cfg, max_steps=horizon))
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
 
-    def parts(self) -> dict:
-        """What a checkpoint holds of the engine, by name."""
-        return {"model": self.model, "optimizer": self.optimizer, "scheduler": self.scheduler}
-
     def state_dict(self) -> dict:
-        return {name: part.state_dict() for name, part in self.parts().items()}
+        model, optimizer = distributed.model_state(self.model, self.optimizer)
+        return {
+            "model": model,
+            "optimizer": optimizer,
+            "scheduler": self.scheduler.state_dict(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        for name, part in self.parts().items():
-            part.load_state_dict(state[name])
+        distributed.load_model_state(self.model, self.optimizer, state)
+        self.scheduler.load_state_dict(state["scheduler"])
 
 
 def _unmarked(phase: str) -> None:
@@ -72,19 +76,21 @@ def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=
     times the phases with it.
     """
     losses = []  # each micro-batch's share of the step's mean loss
-    for _ in range(cfg.grad_accum_steps):
+    for i in range(cfg.grad_accum_steps):
         mark("data")
         x, y = next(batches)
         mark("copy")
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         mark("forward")
-        loss = compute_loss(engine.forward(x), y) / cfg.grad_accum_steps
-        mark("backward")
-        loss.backward()
+        with distributed.gradient_sync(engine.forward, last=i == cfg.grad_accum_steps - 1):
+            output = engine.forward(x)
+            loss = compute_loss(output, y) / cfg.grad_accum_steps
+            mark("backward")
+            loss.backward()
         losses.append(loss.detach())
     mark("optimizer")
     params = [p for group in engine.optimizer.param_groups for p in group["params"]]
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, cfg.grad_clip)
+    grad_norm = distributed.clip_grad_norm(params, cfg.grad_clip)
     engine.optimizer.step()
     engine.optimizer.zero_grad(set_to_none=True)
     mark("done")
@@ -101,4 +107,6 @@ def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, 
         output = engine.forward(x)
         metrics.update(output, y, compute_loss(output, y))
     engine.model.train()
+    distributed.all_reduce_sum(metrics.sums)  # each rank evaluated its share of the batches
+    distributed.all_reduce_sum(metrics.count)
     return metrics.compute()

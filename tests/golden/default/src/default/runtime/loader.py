@@ -14,6 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from ..config import Config, ConfigError
+from .distributed import Dist, init_distributed, validation_batches
 from .stopping import ignore_stop_signals
 
 
@@ -66,14 +67,20 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
 
     `set_epoch(epoch, start)` skips the first `start` batches: those a resumed run trained on.
     Only the first `n_examples` examples of the dataset are drawn (--max-train-examples).
+    Each rank takes its slice of every global batch of world_size x batch_size examples, so N
+    processes with batch B see exactly the examples one process with batch N x B would.
     """
 
     AHEAD = 64  # batches whose examples are worked out at once: numpy's cost is per call
 
-    def __init__(self, n_examples: int, batch_size: int, seed: int) -> None:
+    def __init__(
+        self, n_examples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
+    ) -> None:
         self.n_examples = n_examples
         self.batch_size = batch_size
         self.seed = seed
+        self.rank = rank
+        self.world_size = world_size
         self.epoch = 0
         self.start = 0
 
@@ -82,7 +89,7 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
         self.start = start
 
     def batches_per_epoch(self) -> int:
-        return self.n_examples // self.batch_size
+        return self.n_examples // (self.batch_size * self.world_size)
 
     def __len__(self) -> int:
         return self.batches_per_epoch() - self.start
@@ -92,7 +99,7 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
         batches = range(self.start, self.batches_per_epoch())
         for i in range(0, len(batches), self.AHEAD):
             ahead = batches[i : i + self.AHEAD]
-            firsts = [b * self.batch_size for b in ahead]
+            firsts = [(b * self.world_size + self.rank) * self.batch_size for b in ahead]
             positions = np.add.outer(firsts, np.arange(self.batch_size))  # (batches, B)
             yield from ((self.epoch, indices) for indices in torch.from_numpy(order[positions]))
 
@@ -150,13 +157,18 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(seed)
 
 
-def build_loaders(splits, cfg: Config, device: torch.device):
-    """The training loader (resumable order, drop_last) and the validation loader (in order)."""
+def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None = None):
+    """The training loader (resumable order, drop_last) and the validation loader (in order), for
+    this process's rank of `group` (by default init_distributed's: rank 0 of 1 in a plain process)."""
+    group = group or init_distributed(device.type)
     n_train = training_examples(splits, cfg)
-    batches = EpochBatches(n_train, cfg.batch_size, cfg.seed)
+    batches = EpochBatches(n_train, cfg.batch_size, cfg.seed, group.rank, group.world_size)
     if batches.batches_per_epoch() == 0:
-        raise ConfigError(f"{n_train} training examples, fewer than a batch of {cfg.batch_size}")
-    val_batches = [(0, b) for b in torch.arange(len(splits.val)).split(cfg.batch_size)]  # each once
+        raise ConfigError(
+            f"{n_train} training examples make no full batch of {cfg.batch_size} x {group.world_size}"
+            " processes: lower --batch-size"
+        )
+    val_batches = [(0, b) for b in validation_batches(len(splits.val), cfg.batch_size, group)]
     common = {
         "collate_fn": _as_read,
         "num_workers": cfg.num_workers,

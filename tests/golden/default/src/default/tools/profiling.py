@@ -24,7 +24,7 @@ from ..data import load_splits
 from ..model import compute_loss
 from ..runtime.engine import PRECISION, Engine, setup, train_step
 from ..runtime.loader import build_loaders
-from ..train import TrainState, micro_batches
+from ..runtime.state import TrainState, micro_batches
 from .timing import LOADER_WARN_SHARE, synchronize
 
 PHASES = ("data", "copy", "forward", "backward", "optimizer")

@@ -11,7 +11,7 @@ from ..config import Config
 from ..data import load_splits
 from ..runtime.engine import Engine, setup, train_step
 from ..runtime.loader import build_loaders, close
-from ..train import TrainState, micro_batches, waited
+from ..runtime.state import TrainState, micro_batches, waited
 
 LOADER_BATCHES = 200  # batches timed when iterating the loader alone
 WINDOW_STEPS = 30  # optimizer steps timed with compute alone and with real loading

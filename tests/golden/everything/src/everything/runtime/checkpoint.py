@@ -15,13 +15,11 @@ or whole on one process (`export`, `sample`, `predict`). Everything loads with `
 import contextlib
 import hashlib
 import os
-import random
 import re
 import shutil
 import warnings
 from pathlib import Path
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -40,49 +38,16 @@ class CheckpointError(RuntimeError):
     """No usable checkpoint, or one that cannot be written; the message names the files."""
 
 
-def rng_state() -> dict:
-    numpy_state = np.random.get_state(legacy=False)
-    return {
-        "python": random.getstate(),
-        "numpy": {
-            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
-            "pos": numpy_state["state"]["pos"],
-            "has_gauss": numpy_state["has_gauss"],
-            "gauss": numpy_state["gauss"],
-        },
-        "torch": torch.get_rng_state(),
-        # This process's own GPU only: get_rng_state_all() would start a context on every visible
-        # GPU, and could not be restored where their number differs. None with --device cpu.
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_initialized() else None,
-    }
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    numpy_state = state["numpy"]
-    np.random.set_state(
-        {
-            "bit_generator": "MT19937",
-            "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
-            "has_gauss": numpy_state["has_gauss"],
-            "gauss": numpy_state["gauss"],
-        }
-    )
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_initialized():
-        torch.cuda.set_rng_state(state["cuda"])  # the current device: set from LOCAL_RANK
-
-
 class CheckpointDir:
     """`step-<n>/` every ckpt_every steps (the newest keep_last kept) and `best/`, each a folder of
-    shards. Every rank writes its shards; rank 0 (`manage`) also prepares the folder, writes
+    shards. Every rank writes its shards; rank 0 (`main`) also prepares the folder, writes
     state.pt, renames and deletes."""
 
-    def __init__(self, path: Path, keep_last: int, manage: bool = True) -> None:
+    def __init__(self, path: Path, keep_last: int, main: bool = True) -> None:
         self.path = path
         self.keep_last = keep_last
-        self.manage = manage
-        if manage:
+        self.main = main
+        if main:
             self._prepare()
         barrier()  # no rank reads the folder before rank 0 has tidied it
 
@@ -106,8 +71,8 @@ class CheckpointDir:
 
     def save(self, payload: dict, step: int) -> Path:
         target = self.path / f"step-{step:08d}"
-        _save_sharded(payload, target, self.manage)
-        if self.manage:
+        _save_sharded(payload, target, self.main)
+        if self.main:
             for old in self.step_files()[: -self.keep_last]:  # only once the new one is complete
                 try:
                     shutil.rmtree(old)
@@ -117,7 +82,7 @@ class CheckpointDir:
 
     def save_best(self, payload: dict) -> Path:
         target = self.path / "best"
-        _save_sharded(payload, target, self.manage)
+        _save_sharded(payload, target, self.main)
         return target
 
     def load_latest(self) -> tuple[Path, dict] | None:
@@ -146,6 +111,12 @@ class CheckpointDir:
         raise CheckpointError(
             f"no usable checkpoint in {self.path}: {'; '.join(problems)}. Move them aside to start afresh."
         )
+
+
+def restore(engine, path: Path, checkpoint: dict) -> None:
+    """The model's and optimizer's shards of the checkpoint at `path`, resharded to however many
+    processes load them, and the rest of `checkpoint` (its state.pt), into `engine`."""
+    engine.load_state_dict(checkpoint | load_shards(path, engine.state_dict()))
 
 
 def load_shards(path: Path, into: dict) -> dict:
@@ -246,21 +217,21 @@ def digest(payload: dict) -> str:
     return sha.hexdigest()
 
 
-def _save_sharded(payload: dict, target: Path, manage: bool) -> None:
+def _save_sharded(payload: dict, target: Path, main: bool) -> None:
     """Every rank writes its shards into a temporary folder; once all have, rank 0 writes
     state.pt (with each shard file's digest, each rank hashing its share) and renames the folder
     into place. A failure on any rank leaves the previous checkpoint as it was."""
     rank, world_size = dist.get_rank(), dist.get_world_size()
     tmp = target.with_name(f".{target.name}.tmp")
     try:
-        if manage:
+        if main:
             shutil.rmtree(tmp, ignore_errors=True)
         barrier()
         dcp.save({name: payload[name] for name in SHARDED}, checkpoint_id=tmp)  # fsyncs its files
         names = sorted(p.name for p in tmp.iterdir())
         mine = {name: _file_digest(tmp / name) for name in names[rank::world_size]}
         files = {name: d for share in all_gather(mine) for name, d in share.items()}
-        if manage:
+        if main:
             state = {k: v for k, v in payload.items() if k not in SHARDED} | {"files": files}
             _write_file({**state, "digest": digest(state)}, tmp / STATE_FILE)
             _fsync(tmp)
@@ -271,7 +242,7 @@ def _save_sharded(payload: dict, target: Path, manage: bool) -> None:
             _fsync(target.parent)  # makes the rename itself durable
             shutil.rmtree(old, ignore_errors=True)
     except BaseException as error:  # the previous checkpoint stays; the temporary folder goes
-        if manage:
+        if main:
             shutil.rmtree(tmp, ignore_errors=True)
         if isinstance(error, OSError):
             raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None

@@ -1,22 +1,35 @@
-"""Machinery: Fully sharded data parallel (FSDP2): one process per GPU, started by torchrun.
+"""Machinery: fully sharded data parallel (FSDP2): one process per GPU, started by torchrun.
 
     torchrun --nnodes 1 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint 127.0.0.1:29500 \\
         --max-restarts 3 -m everything train
     python -m everything train  # one plain process: a group of one
 
-The scripts/ folder has the single-node, multi-node and SLURM launchers. Each rank trains on its
-own slice of every global batch. Each rank holds 1/N of every parameter, gradient and optimizer
-state (engine.wrap shards the model): a block's full weights are gathered for its forward and
-backward only, and gradients are reduce-scattered to their shards. Rank 0 alone writes run.json
-and metrics.jsonl; every rank writes its shards of each checkpoint (checkpoint.py).
+The scripts/ folder has the single-node, multi-node and SLURM launchers. The loop, the engine and
+the loader call only the functions below for what differs between one process and many.
+Each rank trains on its own slice of every global batch. Each rank holds 1/N of every parameter,
+gradient and optimizer state (wrap shards the model): a block's full weights are gathered for
+its forward and backward only, and gradients are reduce-scattered to their shards. Rank 0 alone
+writes run.json and metrics.jsonl; every rank writes its shards of each checkpoint (checkpoint.py).
 """
 
+import contextlib
 import os
 import time
+import warnings
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+from ..config import Config, ConfigError
+
+# ShardedGradScaler's overflow flag has shape (1,), which DTensor warns of at each process's first
+# unscale beside sharded gradients; the flag is all-reduced over the ranks as it should be.
+warnings.filterwarnings("ignore", "Found a non-scalar tensor with numel=1", UserWarning)
 
 
 @dataclass(frozen=True)
@@ -122,3 +135,101 @@ def shutdown() -> None:
     if dist.is_initialized():
         time.sleep(0.1)
         dist.destroy_process_group()
+
+
+def model_init_rng(cfg: Config) -> contextlib.AbstractContextManager:
+    """The same weights on every rank, each keeping its shard: built from cfg.seed on all."""
+
+    @contextlib.contextmanager
+    def seeded():
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.seed)
+            yield
+
+    return seeded()
+
+
+def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
+    """The model sharded by FSDP2, in place: each of shard_units(model) is one unit whose
+    parameters are gathered for its forward and backward only, the root holds the rest; with
+    --compile each unit's forward is compiled, FSDP's gathers staying outside the graphs."""
+    mesh = init_device_mesh(device.type, (init_distributed(device.type).world_size,))
+    # Compiled for static shapes, each shape once: a unit compiled for dynamic shapes (after its
+    # first recompile) failed in inductor's lowering on the image task's residual blocks (torch
+    # 2.13 on the CPU: "Cannot convert expression to float").
+    # fp16 weights gathered for compute, gradients reduced in fp32 into the fp32 shards.
+    policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
+    batch_norms = torch.nn.BatchNorm1d | torch.nn.BatchNorm2d | torch.nn.BatchNorm3d
+    for norm in (m for m in model.modules() if isinstance(m, batch_norms)):
+        fully_shard(norm, mesh=mesh)  # fp32 weights, as its running statistics: batch_norm wants one dtype
+    for unit in (u for u in shard_units(model) if not isinstance(u, batch_norms)):
+        if cfg.compile:  # static shapes: see the note above
+            unit.forward = torch.compile(unit.forward, dynamic=False)
+        fully_shard(unit, mesh=mesh, mp_policy=policy)
+    fully_shard(model, mesh=mesh, mp_policy=policy)
+    return model
+
+
+def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
+    """Each module with parameters that an nn.Sequential or nn.ModuleList of the model holds
+    (a transformer block, a residual block, an MLP's layer), outermost first: the units FSDP
+    gathers one at a time. Parameters outside them (embeddings, a head) belong to the root."""
+    units = []
+
+    def visit(module: torch.nn.Module) -> None:
+        container = isinstance(module, torch.nn.Sequential | torch.nn.ModuleList)
+        for child in module.children():
+            if container and any(True for _ in child.parameters()):
+                units.append(child)
+            else:
+                visit(child)
+
+    visit(model)
+    return units
+
+
+def gradient_sync(forward: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+    """FSDP reduce-scatters gradients to their shards once, after the step's last micro-batch."""
+    forward.set_requires_gradient_sync(last)
+    return contextlib.nullcontext()
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    return torch.nn.utils.clip_grad_norm_(params, max_norm).full_tensor()  # over every shard
+
+
+def grad_scaler(device: torch.device) -> ShardedGradScaler:
+    return ShardedGradScaler(device.type)  # every rank skips a step if any shard overflowed
+
+
+def model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    """This rank's shards (DTensors keyed by parameter name, which any number of processes can
+    load: checkpoint.py)."""
+    return get_state_dict(model, optimizer)
+
+
+def load_model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def validation_batches(n_examples: int, batch_size: int, group: Dist) -> list[torch.Tensor]:
+    """This rank's validation batches: every rank as many (each forward gathers the shards, so a
+    rank with a batch more would wait for the others forever), of near-equal size, at most
+    batch_size; together they cover every example once."""
+    if n_examples < group.world_size:
+        raise ConfigError(f"{n_examples} validation examples for {group.world_size} ranks: each needs one")
+    n_batches = -(-n_examples // (batch_size * group.world_size)) * group.world_size
+    n_batches = min(n_batches, n_examples // group.world_size * group.world_size)  # none of them empty
+    return list(torch.arange(n_examples).tensor_split(n_batches))[group.rank :: group.world_size]
+
+
+def resharding(saved_world: int, world_size: int, cfg: Config) -> str | None:
+    """What a resume on another number of processes keeps: the model and optimizer reshard."""
+    if saved_world == world_size:
+        return None
+    return (
+        f"{cfg.run_dir} was trained by {saved_world} processes, resumed by {world_size}: the model and"
+        f" optimizer are resharded exactly; the global batch becomes {world_size} x {cfg.batch_size}"
+        " examples, the epoch goes on from the first batch not wholly trained on, and ranks"
+        f" {saved_world}+ start fresh random streams (see README: Distributed training)"
+    )

@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from ..config import Config, ConfigError
-from .distributed import Dist, init_distributed
+from .distributed import Dist, init_distributed, validation_batches
 from .stopping import ignore_stop_signals
 
 
@@ -73,7 +73,9 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
 
     AHEAD = 64  # batches whose examples are worked out at once: numpy's cost is per call
 
-    def __init__(self, n_examples: int, batch_size: int, seed: int, rank: int, world_size: int) -> None:
+    def __init__(
+        self, n_examples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
+    ) -> None:
         self.n_examples = n_examples
         self.batch_size = batch_size
         self.seed = seed
@@ -157,28 +159,16 @@ def seed_worker(worker_id: int) -> None:
 
 def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None = None):
     """The training loader (resumable order, drop_last) and the validation loader (in order), for
-    this process's rank of `group` (by default init_distributed's: a group of one outside torchrun).
-
-    Validation batches are dealt out to the ranks in turn: together they cover every example once.
-    Every rank gets as many validation batches as the others.
-    """
+    this process's rank of `group` (by default init_distributed's: rank 0 of 1 in a plain process)."""
     group = group or init_distributed(device.type)
-    rank, world_size = group.rank, group.world_size
     n_train = training_examples(splits, cfg)
-    batches = EpochBatches(n_train, cfg.batch_size, cfg.seed, rank, world_size)
+    batches = EpochBatches(n_train, cfg.batch_size, cfg.seed, group.rank, group.world_size)
     if batches.batches_per_epoch() == 0:
         raise ConfigError(
-            f"{n_train} training examples make no full batch of {cfg.batch_size} x {world_size} ranks:"
-            " lower --batch-size"
+            f"{n_train} training examples make no full batch of {cfg.batch_size} x {group.world_size}"
+            " processes: lower --batch-size"
         )
-    # Every rank the same number of batches: each forward gathers the shards, so a rank with a
-    # batch more would wait for the others forever. Batches of near-equal size, at most batch_size.
-    if len(splits.val) < world_size:
-        raise ConfigError(f"{len(splits.val)} validation examples for {world_size} ranks: each needs one")
-    n_batches = -(-len(splits.val) // (cfg.batch_size * world_size)) * world_size
-    n_batches = min(n_batches, len(splits.val) // world_size * world_size)  # none of them empty
-    chunks = torch.arange(len(splits.val)).tensor_split(n_batches)
-    val_batches = [(0, b) for b in chunks][rank::world_size]
+    val_batches = [(0, b) for b in validation_batches(len(splits.val), cfg.batch_size, group)]
     common = {
         "collate_fn": _as_read,
         "num_workers": cfg.num_workers,

@@ -196,7 +196,8 @@ class RunLog:
 
 
 class SilentRunLog:
-    """The run log of ranks other than 0: rank 0 alone writes run.json, metrics and trackers."""
+    """The run log of the other ranks of a multi-process run: rank 0 alone writes run.json, metrics
+    and trackers."""
 
     def start(self, *args) -> None:
         pass

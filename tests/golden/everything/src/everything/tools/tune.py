@@ -21,7 +21,7 @@ from ..config import Config
 from ..data import load_splits
 from ..runtime.engine import Engine, setup, train_step
 from ..runtime.loader import EpochDataset, build_loaders
-from ..train import TrainState, micro_batches
+from ..runtime.state import TrainState, micro_batches
 from .timing import synchronize
 
 LR_START = 1e-7  # far below any useful rate: the curve starts flat

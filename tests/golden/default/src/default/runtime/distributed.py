@@ -1,0 +1,90 @@
+"""Machinery: one process. The loop, the engine and the loader call the same few functions a
+multi-process project calls (ranks, sums over ranks, the model wrapped for training), so they read
+the same with one process as with many; here each is the one-process case: rank 0 of 1, a sum over
+one process is the value itself, and the model is trained as it is.
+"""
+
+import contextlib
+from dataclasses import dataclass
+
+import torch
+
+from ..config import Config, ConfigError
+
+
+@dataclass(frozen=True)
+class Dist:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+
+    @property
+    def is_main(self) -> bool:
+        return True
+
+
+def init_distributed(device_type: str) -> Dist:
+    return Dist()
+
+
+def model_init_rng(cfg: Config) -> contextlib.AbstractContextManager:
+    """The model is built from the global RNG, which setup() seeded."""
+    return contextlib.nullcontext()
+
+
+def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
+    """What the loop calls: the model."""
+    return model
+
+
+def gradient_sync(forward: torch.nn.Module, last: bool) -> contextlib.AbstractContextManager:
+    """One process: its gradients are complete after every backward."""
+    return contextlib.nullcontext()
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    return torch.nn.utils.clip_grad_norm_(params, max_norm)
+
+
+def model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
+    return model.state_dict(), optimizer.state_dict()
+
+
+def load_model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    model.load_state_dict(state["model"])
+    optimizer.load_state_dict(state["optimizer"])
+
+
+def validation_batches(n_examples: int, batch_size: int, group: Dist) -> list[torch.Tensor]:
+    """The validation examples in order, in batches: each once."""
+    return list(torch.arange(n_examples).split(batch_size))
+
+
+def resharding(saved_world: int, world_size: int, cfg: Config) -> str | None:
+    if saved_world != world_size:
+        raise ConfigError(f"{cfg.run_dir} holds a checkpoint of {saved_world} processes, not of this project")
+    return None
+
+
+def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor
+
+
+def any_rank_max(value: int) -> int:
+    return value
+
+
+def broadcast_buffers(module: torch.nn.Module) -> None:
+    """One process: its buffers are the only ones."""
+
+
+def all_gather(value: object) -> list:
+    return [value]
+
+
+def barrier() -> None:
+    """One process: nothing to wait for."""
+
+
+def shutdown() -> None:
+    """One process: no process group to leave."""

@@ -1,0 +1,40 @@
+"""Machinery: what a run prints as it trains: a progress bar with loss, throughput and ETA on a
+terminal, plain lines when its output goes to a file."""
+
+import sys
+import time
+
+from tqdm import tqdm
+
+
+class Progress:
+    """A progress bar with loss, throughput and ETA on a terminal; plain lines when logged to a file."""
+
+    def __init__(self, max_steps: int, step: int, examples_per_step: int, quiet: bool) -> None:
+        self.max_steps = max_steps
+        self.examples_per_step = examples_per_step
+        self.quiet = quiet
+        on_terminal = not quiet and sys.stderr.isatty()
+        self.bar = tqdm(
+            total=max_steps, initial=step, unit="step", dynamic_ncols=True, disable=not on_terminal
+        )
+        self.clock, self.clock_step = time.perf_counter(), step
+
+    def update(self) -> None:
+        self.bar.update()
+
+    def log(self, step: int, loss: float, lr: float, grad_norm: float) -> None:
+        now = time.perf_counter()
+        rate = (step - self.clock_step) * self.examples_per_step / (now - self.clock)
+        self.clock, self.clock_step = now, step
+        if not self.bar.disable:
+            self.bar.set_postfix_str(f"loss {loss:.4f}  lr {lr:.2e}  {rate:,.0f} examples/s")
+        elif not self.quiet:
+            print(
+                f"step {step}/{self.max_steps}  loss {loss:.4f}  lr {lr:.2e}"
+                f"  grad_norm {grad_norm:.3f}  {rate:,.0f} examples/s",
+                flush=True,
+            )
+
+    def close(self) -> None:
+        self.bar.close()
