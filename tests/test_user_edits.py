@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 from PIL import Image
 from test_project import render, run
 
@@ -241,6 +242,10 @@ def test_every_command_works_after_the_model_and_loss_are_replaced(task, tmp_pat
     assert "suggested: --batch-size" in _succeeds(project, "find-batch-size", *options)
     assert "profile: 20 steps" in _succeeds(project, "profile", *options, "-o", "runs/profile")
     assert "train: " in _succeeds(project, "inspect-data", *options)
+    exported = _succeeds(project, "export", "--checkpoint", BEST, "--out", "weights.pt")
+    assert exported.startswith("wrote weights.pt")
+    weights = torch.load(project / "weights.pt", weights_only=True)  # the edited model's, alone
+    assert weights.keys() == torch.load(project / BEST, weights_only=True)["model"].keys()
 
     if task == "image":
         picture = project / "grey.png"

@@ -10,16 +10,19 @@ profile and tune.
     python -m default profile [-o DIR] [train options]
     python -m default find-lr [-o FILE.png] [train options]
     python -m default find-batch-size [--global-batch N] [train options]
+    python -m default export [--checkpoint FILE] [--out FILE.pt]
 
 Every field of config.Config is an option; `train --help` lists them.
 """
 
 import argparse
 import sys
+from pathlib import Path
 
 from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
-from .runtime.checkpoint import CheckpointError
+from .runtime.checkpoint import CheckpointError, export
+from .runtime.distributed import is_main_process, shutdown
 from .runtime.runlog import RunDirError
 from .runtime.stopping import Aborted, RunFolderBusy
 from .tools.checks import run_checks
@@ -66,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     sizer.add_argument("--global-batch", type=int, metavar="N", help="examples a step, accumulation included")
     sizer.add_argument("--memory-target", type=float, default=MEMORY_TARGET, help="share of device memory")
     add_config_arguments(sizer)
+    exporter = commands.add_parser("export", help="a checkpoint's model weights, whole, in one .pt file")
+    exporter.add_argument("--checkpoint", default="runs/default/checkpoints/best.pt")
+    exporter.add_argument("--out", metavar="FILE.pt", help="default: the checkpoint's path + .model.pt")
     return parser
 
 
@@ -79,6 +85,10 @@ def run_command(args: argparse.Namespace) -> int:
         return 0
     if args.command == "diagnose":
         return run_diagnose(args.run_dirs, args.json)
+    if args.command == "export":
+        out = Path(args.out or f"{Path(args.checkpoint)}.model.pt")
+        print(f"wrote {export(Path(args.checkpoint), out)}: load it with torch.load(weights_only=True)")
+        return 0
     cfg = config_from_args(args)
     if args.command == "train":
         return train(cfg)["exit_status"]
@@ -103,12 +113,15 @@ def main(argv: list[str] | None = None) -> int:
         return run_command(args)
     except FAILURES as error:
         bad_input = isinstance(error, BAD_INPUT)
-        print(f"error: {error}", file=sys.stderr)
+        if not bad_input or is_main_process():  # every rank finds bad input: one says so
+            print(f"error: {error}", file=sys.stderr)
         return 2 if bad_input else 1
     except KeyboardInterrupt as error:  # before training started, or a second stop signal (Aborted)
         how = f"aborted by a second {error}" if isinstance(error, Aborted) else "interrupted"
         print(f"{how}: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)
         return error.status if isinstance(error, Aborted) else 130
+    finally:
+        shutdown()
 
 
 if __name__ == "__main__":

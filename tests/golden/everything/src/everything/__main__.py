@@ -16,14 +16,13 @@ Every field of config.Config is an option; `train --help` lists them.
 """
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
 from .runtime.checkpoint import CheckpointError, export
-from .runtime.distributed import shutdown
+from .runtime.distributed import is_main_process, shutdown
 from .runtime.runlog import RunDirError
 from .runtime.stopping import Aborted, RunFolderBusy
 from .tools.checks import run_checks
@@ -71,7 +70,7 @@ def build_parser() -> argparse.ArgumentParser:
     sizer.add_argument("--memory-target", type=float, default=MEMORY_TARGET, help="share of device memory")
     add_config_arguments(sizer)
     exporter = commands.add_parser("export", help="a checkpoint's model weights, whole, in one .pt file")
-    exporter.add_argument("--checkpoint", default="runs/default/checkpoints/best", metavar="DIR")
+    exporter.add_argument("--checkpoint", default="runs/default/checkpoints/best")
     exporter.add_argument("--out", metavar="FILE.pt", help="default: the checkpoint's path + .model.pt")
     return parser
 
@@ -114,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         return run_command(args)
     except FAILURES as error:
         bad_input = isinstance(error, BAD_INPUT)
-        if not bad_input or os.environ.get("RANK", "0") == "0":  # every rank finds bad input: one says so
+        if not bad_input or is_main_process():  # every rank finds bad input: one says so
             print(f"error: {error}", file=sys.stderr)
         return 2 if bad_input else 1
     except KeyboardInterrupt as error:  # before training started, or a second stop signal (Aborted)

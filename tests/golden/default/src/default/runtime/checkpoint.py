@@ -53,12 +53,12 @@ class CheckpointDir:
 
     def save(self, payload: dict, step: int) -> Path:
         if not self.main:
-            return self.path / f"step-{step:08d}.pt"
-        target = self.path / f"step-{step:08d}.pt"
-        _atomic_save(payload, target)
+            return self.path / step_name(step)
+        target = self.path / step_name(step)
+        _atomic_save({**payload, "digest": digest(payload)}, target)
         for old in self.step_files()[: -self.keep_last]:  # only once the new one is safely written
             try:
-                old.unlink()
+                remove(old)
             except OSError as error:
                 raise CheckpointError(f"cannot delete old checkpoint {old}: {error.strerror}") from None
         return target
@@ -67,7 +67,7 @@ class CheckpointDir:
         if not self.main:
             return self.path / "best.pt"
         target = self.path / "best.pt"
-        _atomic_save(payload, target)
+        _atomic_save({**payload, "digest": digest(payload)}, target)
         return target
 
     def load_latest(self) -> tuple[Path, dict] | None:
@@ -87,12 +87,29 @@ class CheckpointDir:
         )
 
 
+def step_name(step: int) -> str:
+    return f"step-{step:08d}.pt"
+
+
+def remove(path: Path) -> None:
+    path.unlink()
+
+
 def restore(engine, path: Path, checkpoint: dict) -> None:
     """The model, optimizer and scheduler of `checkpoint` (read from `path`) into `engine`."""
     engine.load_state_dict(checkpoint)
 
 
+def export(checkpoint: Path, out: Path) -> Path:
+    """The model's weights of a checkpoint, alone, as one plain state_dict file: elsewhere,
+    `model.load_state_dict(torch.load(out, weights_only=True))`."""
+    _atomic_save(load(checkpoint)["model"], out)
+    return out
+
+
 def load(path: Path) -> dict:
+    if not Path(path).is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as error:  # truncated, zero bytes, garbage: torch raises several types
@@ -137,7 +154,7 @@ def _atomic_save(payload: dict, target: Path) -> None:
     tmp = target.with_name(f".{target.name}.tmp")
     try:
         with tmp.open("wb") as f:
-            torch.save({**payload, "digest": digest(payload)}, f)
+            torch.save(payload, f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)

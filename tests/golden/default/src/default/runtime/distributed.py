@@ -27,6 +27,10 @@ def init_distributed(device_type: str) -> Dist:
     return Dist()
 
 
+def is_main_process() -> bool:
+    return True
+
+
 def model_init_rng(cfg: Config) -> contextlib.AbstractContextManager:
     """The model is built from the global RNG, which setup() seeded."""
     return contextlib.nullcontext()
@@ -63,6 +67,11 @@ def validation_batches(n_examples: int, batch_size: int, group: Dist) -> list[to
 def resharding(saved_world: int, world_size: int, cfg: Config) -> str | None:
     if saved_world != world_size:
         raise ConfigError(f"{cfg.run_dir} holds a checkpoint of {saved_world} processes, not of this project")
+    return None
+
+
+def run_as_processes(processes: int) -> int | None:
+    """One process: every command runs here, as it is (None)."""
     return None
 
 

@@ -21,6 +21,7 @@ import torch
 from ..config import Config
 from ..data import load_splits
 from ..model import compute_loss, initial_loss, overfit_target
+from ..runtime.distributed import all_reduce_sum, init_distributed, run_as_processes
 from ..runtime.engine import Engine, setup, train_step
 from ..runtime.loader import EpochDataset
 from ..runtime.runlog import PROJECT, git_state, write_json_atomically
@@ -83,7 +84,7 @@ def check_overfit(cfg: Config) -> CheckResult:
         with torch.no_grad():  # memorised means so without dropout, as the model predicts
             loss = compute_loss(engine.model.eval()(x), y)
         engine.model.train()
-        loss = loss.item()
+        loss = (all_reduce_sum(loss) / init_distributed(device.type).world_size).item()  # stop together
         if not math.isfinite(loss):
             return CheckResult("overfit", False, f"loss became {loss} at step {step}: lower --lr", loss)
         if first is None:
@@ -197,7 +198,15 @@ def check_loader(cfg: Config) -> CheckResult:
 
 def run_checks(cfg: Config, which: str) -> int:
     """Runs one check or all of them; prints their lines (and the summary for `all`); exit code."""
-    say = print
+    exit_status = run_as_processes(2)  # several processes: resume then covers per-rank state
+    if exit_status is not None:
+        return exit_status
+    return _run(cfg, which, main=init_distributed(torch.device(cfg.device).type).is_main)
+
+
+def _run(cfg: Config, which: str, main: bool) -> int:
+    """Every rank runs the checks; rank 0 reports, and its exit status is the command's."""
+    say = print if main else lambda line: None
     work = Path(cfg.run_dir).parent / "check"
     checks = {  # the loader before resume, which pins one thread for exactness
         "overfit": lambda: check_overfit(cfg),
@@ -221,7 +230,8 @@ def run_checks(cfg: Config, which: str) -> int:
             "checks": {name: r.passed for name, r in results.items()},
             "passed": all(r.passed for r in results.values()),
         }
-        write_json_atomically(work / "summary.json", summary)  # for `report`
+        if main:
+            write_json_atomically(work / "summary.json", summary)  # for `report`
         git = git_state()
         commit = (git["commit"] or "none")[:12] + ("-dirty" if git["dirty"] else "")
         say(

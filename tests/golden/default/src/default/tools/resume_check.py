@@ -11,7 +11,8 @@ import torch
 
 from ..config import Config
 from ..data import load_splits
-from ..runtime.checkpoint import load
+from ..runtime.checkpoint import load, remove, step_name
+from ..runtime.distributed import barrier, init_distributed
 from ..runtime.loader import training_examples
 from ..runtime.records import read_metrics
 from ..train import train
@@ -25,7 +26,7 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
     checked to hold all of that, so every piece of state a resume needs is exercised.
     """
     splits = load_splits(cfg)
-    world_size = 1
+    world_size = init_distributed(torch.device(cfg.device).type).world_size
     # 3k + 1 micro-batches an epoch for k of them a step: checkpoints then fall mid-epoch.
     per_batch = cfg.batch_size * world_size
     micro_per_epoch = min(training_examples(splits, cfg) // per_batch, 3 * cfg.grad_accum_steps + 1)
@@ -68,19 +69,26 @@ def _train_then_resume(base: Config, work: Path, n: int) -> tuple[Path, Path]:
     would leave it (the records past step N in metrics.jsonl, which the resume must drop; no later
     checkpoint), and resumes the copy to step 2N: (the uninterrupted run, the resumed one)."""
     first, second = work / "uninterrupted", work / "resumed"
-    shutil.rmtree(work, ignore_errors=True)
+    is_main = init_distributed(torch.device(base.device).type).is_main
+    if is_main:
+        shutil.rmtree(work, ignore_errors=True)
+    barrier()
     train(replace(base, run_dir=str(first)), quiet=True)
-    _as_crashed(first, second, n)
+    barrier()  # rank 0 has written everything
+    if is_main:
+        _as_crashed(first, second, n)
+    barrier()
     _scramble_global_rngs()
     train(replace(base, run_dir=str(second)), quiet=True)
+    barrier()
     return first, second
 
 
 def _as_crashed(first: Path, second: Path, n: int) -> None:
     shutil.copytree(first, second)
     for path in (second / "checkpoints").iterdir():
-        if path.name != f"step-{n:08d}.pt":
-            path.unlink()
+        if path.name != step_name(n):
+            remove(path)
 
 
 def _scramble_global_rngs() -> None:
@@ -97,7 +105,7 @@ def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tup
     a validation; and the numbers behind both."""
     expected = [r["loss"] for r in read_metrics(first) if r["split"] == "train"]
     got = [r["loss"] for r in read_metrics(second) if r["split"] == "train"]
-    end = f"checkpoints/step-{2 * n:08d}.pt"
+    end = Path("checkpoints") / step_name(2 * n)
     a, b = load(first / end), load(second / end)
     same_state = _equal(a["model"], b["model"]) and _equal(a["optimizer"], b["optimizer"])
     equal = sum(x == y for x, y in zip(expected[n:], got[n:], strict=False))
@@ -105,7 +113,7 @@ def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tup
         [r["loss"] for r in read_metrics(run) if r["split"] == "val" and r["step"] > n]
         for run in (first, second)
     )
-    at_n = load(second / f"checkpoints/step-{n:08d}.pt")["state"]
+    at_n = load(second / "checkpoints" / step_name(n))["state"]
     crossed = b["state"]["epoch"] - at_n["epoch"]
     validations = sum(1 for r in read_metrics(second) if r["split"] == "val" and n < r["step"] <= 2 * n)
     where = f"micro-batch {at_n['batch_in_epoch']} of epoch {at_n['epoch']}"

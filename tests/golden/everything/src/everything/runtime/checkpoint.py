@@ -70,12 +70,12 @@ class CheckpointDir:
         return [p for _, p in sorted(found)]
 
     def save(self, payload: dict, step: int) -> Path:
-        target = self.path / f"step-{step:08d}"
+        target = self.path / step_name(step)
         _save_sharded(payload, target, self.main)
         if self.main:
             for old in self.step_files()[: -self.keep_last]:  # only once the new one is complete
                 try:
-                    shutil.rmtree(old)
+                    remove(old)
                 except OSError as error:
                     raise CheckpointError(f"cannot delete old checkpoint {old}: {error.strerror}") from None
         return target
@@ -111,6 +111,14 @@ class CheckpointDir:
         raise CheckpointError(
             f"no usable checkpoint in {self.path}: {'; '.join(problems)}. Move them aside to start afresh."
         )
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"  # a folder of shards
+
+
+def remove(path: Path) -> None:
+    shutil.rmtree(path)
 
 
 def restore(engine, path: Path, checkpoint: dict) -> None:

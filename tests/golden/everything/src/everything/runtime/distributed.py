@@ -14,6 +14,9 @@ writes run.json and metrics.jsonl; every rank writes its shards of each checkpoi
 
 import contextlib
 import os
+import socket
+import subprocess
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -58,6 +61,11 @@ def init_distributed(device_type: str) -> Dist:
         rank, world_size, local_rank = 0, 1, 0
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return Dist(rank, world_size, local_rank)
+
+
+def is_main_process() -> bool:
+    """Rank 0, or a plain process: known from torchrun's environment, before any group is joined."""
+    return os.environ.get("RANK", "0") == "0"
 
 
 def _group_store() -> dist.Store:
@@ -135,6 +143,22 @@ def shutdown() -> None:
     if dist.is_initialized():
         time.sleep(0.1)
         dist.destroy_process_group()
+
+
+def run_as_processes(processes: int) -> int | None:
+    """Outside torchrun, runs this very command again under torchrun as `processes` processes, with
+    a c10d rendezvous on this machine, and returns its exit status; None inside torchrun."""
+    if "RANK" in os.environ:
+        return None
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    package = __package__.rpartition(".")[0]  # the project's, above runtime
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(processes),
+        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", package, *sys.argv[1:],
+    ]  # fmt: skip
+    return subprocess.run(command).returncode
 
 
 def model_init_rng(cfg: Config) -> contextlib.AbstractContextManager:

@@ -13,10 +13,6 @@ under runs/check/.
 """
 
 import math
-import os
-import socket
-import subprocess
-import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -25,7 +21,7 @@ import torch
 from ..config import Config
 from ..data import load_splits
 from ..model import compute_loss, initial_loss, overfit_target
-from ..runtime.distributed import all_reduce_sum, init_distributed
+from ..runtime.distributed import all_reduce_sum, init_distributed, run_as_processes
 from ..runtime.engine import Engine, setup, train_step
 from ..runtime.loader import EpochDataset
 from ..runtime.runlog import PROJECT, git_state, write_json_atomically
@@ -203,26 +199,14 @@ def check_loader(cfg: Config) -> CheckResult:
 
 def run_checks(cfg: Config, which: str) -> int:
     """Runs one check or all of them; prints their lines (and the summary for `all`); exit code."""
-    if "RANK" not in os.environ:  # checks run under 2 processes, so resume covers per-rank state
-        return _under_torchrun(processes=2)
+    exit_status = run_as_processes(2)  # several processes: resume then covers per-rank state
+    if exit_status is not None:
+        return exit_status
     return _run(cfg, which, main=init_distributed(torch.device(cfg.device).type).is_main)
 
 
-def _under_torchrun(processes: int) -> int:
-    """Runs this very command again under torchrun, with a c10d rendezvous on this machine."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    package = __package__.rpartition(".")[0]  # the project's, above tools
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(processes),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", package, *sys.argv[1:],
-    ]  # fmt: skip
-    return subprocess.run(command).returncode
-
-
 def _run(cfg: Config, which: str, main: bool) -> int:
-    """Every rank runs the checks; rank 0 reports, and its exit status fails torchrun if one failed."""
+    """Every rank runs the checks; rank 0 reports, and its exit status is the command's."""
     say = print if main else lambda line: None
     work = Path(cfg.run_dir).parent / "check"
     checks = {  # the loader before resume, which pins one thread for exactness

@@ -11,7 +11,7 @@ import torch
 
 from ..config import Config
 from ..data import load_splits
-from ..runtime.checkpoint import load
+from ..runtime.checkpoint import load, remove, step_name
 from ..runtime.distributed import barrier, init_distributed
 from ..runtime.loader import training_examples
 from ..runtime.records import read_metrics
@@ -87,8 +87,8 @@ def _train_then_resume(base: Config, work: Path, n: int) -> tuple[Path, Path]:
 def _as_crashed(first: Path, second: Path, n: int) -> None:
     shutil.copytree(first, second)
     for path in (second / "checkpoints").iterdir():
-        if path.name != f"step-{n:08d}":
-            shutil.rmtree(path)  # a checkpoint is a folder of shards
+        if path.name != step_name(n):
+            remove(path)
 
 
 def _scramble_global_rngs() -> None:
@@ -105,7 +105,7 @@ def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tup
     a validation; and the numbers behind both."""
     expected = [r["loss"] for r in read_metrics(first) if r["split"] == "train"]
     got = [r["loss"] for r in read_metrics(second) if r["split"] == "train"]
-    end = f"checkpoints/step-{2 * n:08d}"
+    end = Path("checkpoints") / step_name(2 * n)
     a, b = load(first / end), load(second / end)
     same_state = _equal(a["model"], b["model"]) and _equal(a["optimizer"], b["optimizer"])
     equal = sum(x == y for x, y in zip(expected[n:], got[n:], strict=False))
@@ -113,7 +113,7 @@ def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tup
         [r["loss"] for r in read_metrics(run) if r["split"] == "val" and r["step"] > n]
         for run in (first, second)
     )
-    at_n = load(second / f"checkpoints/step-{n:08d}")["state"]
+    at_n = load(second / "checkpoints" / step_name(n))["state"]
     crossed = b["state"]["epoch"] - at_n["epoch"]
     validations = sum(1 for r in read_metrics(second) if r["split"] == "val" and n < r["step"] <= 2 * n)
     where = f"micro-batch {at_n['batch_in_epoch']} of epoch {at_n['epoch']}"
