@@ -161,16 +161,12 @@ def run_as_processes(processes: int) -> int | None:
     return subprocess.run(command).returncode
 
 
-def model_init_rng(cfg: Config) -> contextlib.AbstractContextManager:
+@contextlib.contextmanager
+def model_init_rng(cfg: Config):
     """The same weights on every rank, each keeping its shard: built from cfg.seed on all."""
-
-    @contextlib.contextmanager
-    def seeded():
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(cfg.seed)
-            yield
-
-    return seeded()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        yield
 
 
 def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
