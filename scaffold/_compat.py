@@ -130,13 +130,13 @@ def cache_compiled_templates(env: Any, folder: Path | None = None) -> None:
     covers templates read from files only; copier compiles every path, default and validator
     from a string too. An entry is named by everything that shapes the code: Python's bytecode
     version, Jinja's, the environment's syntax options and extensions, and the source."""
-    folder = folder or _cache_folder()
+    folder = folder or cache_folder("jinja")
     compile_ = env.compile
     memory: dict[tuple[Any, ...], Any] = {}
     settings = repr(
         (
             importlib.util.MAGIC_NUMBER,
-            _version("jinja2"),
+            distribution_version("jinja2"),
             type(env).__qualname__,
             sorted(env.extensions),
             *(getattr(env, name, None) for name in _SYNTAX_OPTIONS),
@@ -169,11 +169,13 @@ _SYNTAX_OPTIONS = (
 )  # fmt: skip
 
 
-def _cache_folder() -> Path | None:
+def cache_folder(kind: str) -> Path | None:
+    """Where scaffold keeps what it computed for the next process: the user's cache folder
+    (None with SCAFFOLD_NO_CACHE set)."""
     if os.environ.get("SCAFFOLD_NO_CACHE"):
         return None
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "scaffold" / "jinja"
+    return Path(base) / "scaffold" / kind
 
 
 def _load(folder: Path | None, key: str) -> Any:
@@ -187,23 +189,28 @@ def _load(folder: Path | None, key: str) -> Any:
 
 
 def _store(folder: Path | None, key: str, code: Any) -> None:
-    """Write atomically (a temporary file renamed), so a reader never sees half an entry."""
-    if folder is None:
-        return
-    with contextlib.suppress(OSError, ValueError):
-        folder.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd, temporary = tempfile.mkstemp(dir=folder, prefix=".tmp-")
+    if folder is not None:
+        with contextlib.suppress(ValueError):
+            write_atomically(folder / key, marshal.dumps(code))
+
+
+def write_atomically(path: Path, data: bytes) -> None:
+    """Write a cache entry through a temporary file renamed into place, so that a reader never
+    sees half an entry; a cache that cannot be written is no error."""
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
         try:
             with os.fdopen(fd, "wb") as file:
-                marshal.dump(code, file)
-            os.replace(temporary, folder / key)
+                file.write(data)
+            os.replace(temporary, path)
         except BaseException:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
             raise
 
 
-def _version(distribution: str) -> str:
+def distribution_version(distribution: str) -> str:
     import importlib.metadata
 
     try:

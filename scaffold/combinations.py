@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import re
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from scaffold import _compat
 from scaffold.errors import UsageError
-from scaffold.questions import Question, asked_questions, template_dir
+from scaffold.questions import Question, asked_questions, load_questions, template_dir
 
 # Integer questions have no choices to enumerate; DESIGN.md fixes the values the matrix takes.
 INT_VALUES = {"grad_accum_steps": (1, 4)}
@@ -50,9 +51,71 @@ def all_combinations(template: Path | None = None) -> list[dict[str, Any]]:
 
 
 def combinations(template: Path | None = None) -> list[dict[str, Any]]:
-    """Every valid combination, in file order: those copier's validators accept."""
-    validate = _compat.answer_validator(template or template_dir())
-    return [answers for answers in all_combinations(template) if validate(answers) is None]
+    """Every valid combination, in file order: those copier's validators accept.
+
+    Asking copier's questionnaire about all ~2,160 combinations takes half a minute, so the
+    answer is kept: in this process, and on disk in the user's cache folder for the next one
+    (pytest's workers, `scaffold matrix`). It is named by what decides it: copier.yml's bytes and
+    the versions of copier and Jinja, which run its validators."""
+    template = (template or template_dir()).resolve()
+    key = _combinations_key(template)
+    if key not in _COMBINATIONS:
+        valid = _load_combinations(key)
+        if valid is None:
+            valid = _valid_combinations(template)
+            _store_combinations(key, valid)
+        _COMBINATIONS[key] = valid
+    return [dict(answers) for answers in _COMBINATIONS[key]]
+
+
+_COMBINATIONS: dict[str, list[dict[str, Any]]] = {}
+
+
+def _valid_combinations(template: Path) -> list[dict[str, Any]]:
+    """Ask copier's questionnaire about every combination."""
+    validate = _compat.answer_validator(template)
+    # The hidden questions' plain defaults given as answers: copier would otherwise render each
+    # of them for every combination (the reserved names' list alone, item by item, was three
+    # quarters of the time), to the same values.
+    fixed = {q.name: q.default for q in load_questions(template).values() if _plain_hidden(q)}
+    return [
+        answers for answers in all_combinations(template) if validate({**fixed, **answers}) is None
+    ]
+
+
+def _plain_hidden(question: Question) -> bool:
+    """A `when: false` question whose default is a value, not a Jinja template."""
+    default = question.default
+    templated = isinstance(default, str) and ("{{" in default or "{%" in default)
+    return question.hidden and default is not None and not templated
+
+
+def _combinations_key(template: Path) -> str:
+    source = (template / "copier.yml").read_bytes()
+    versions = (_compat.distribution_version("copier"), _compat.distribution_version("jinja2"))
+    return hashlib.sha256(repr((CACHE_FORMAT, versions)).encode() + source).hexdigest()
+
+
+CACHE_FORMAT = 1  # raised when what is stored changes shape
+
+
+def _load_combinations(key: str) -> list[dict[str, Any]] | None:
+    folder = _compat.cache_folder("combinations")
+    if folder is None:
+        return None
+    try:
+        stored = json.loads((folder / f"{key}.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(stored, list) or not all(isinstance(a, dict) for a in stored):
+        return None
+    return stored
+
+
+def _store_combinations(key: str, valid: list[dict[str, Any]]) -> None:
+    folder = _compat.cache_folder("combinations")
+    if folder is not None:
+        _compat.write_atomically(folder / f"{key}.json", json.dumps(valid).encode())
 
 
 def combination_id(answers: dict[str, Any]) -> str:

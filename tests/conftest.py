@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scaffold._cli import run
+from scaffold.combinations import combinations
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -79,6 +80,14 @@ _TALLY: dict[str, collections.Counter[str]] = collections.defaultdict(collection
 def tally() -> dict[str, collections.Counter[str]]:
     """Counts a suite adds to: what it tried, what it injected, what was recovered or lost."""
     return _TALLY
+
+
+def pytest_configure(config) -> None:
+    """Ask copier for the valid combinations once, before xdist starts its workers: each of them
+    collects test_render.py and test_bad_input.py, which list them, and reads them back from the
+    cache (scaffold.combinations) instead of asking copier again at the same time."""
+    if not hasattr(config, "workerinput"):
+        combinations()
 
 
 def pytest_sessionfinish(session) -> None:
