@@ -22,9 +22,10 @@ def test_the_primaries_get_check_all_and_every_other_combination_is_their_twin()
         primary = by_id[plan.primary]
         differs = {k for k in answers if answers[k] != primary[k]}
         assert differs and differs <= {"tracker", "device"}
-        # a cross (a tracker on another device, or an fsdp twin: its ddp sibling is in the run)
-        # runs check init; a cross's two halves, each differing in one answer, the resume check
+        # a cross (a tracker on another device, an fsdp twin: its ddp sibling is in the run, or a
+        # compile twin: the same twin without compile is) runs check init; the rest, resume
         cross = differs == {"tracker", "device"} or answers["distributed"] == "fsdp"
+        cross = cross or answers["compile"]
         assert plan.which == ("init" if cross else "resume")
         assert plan.options == ({"no_compile": None} if answers["compile"] else {})
     # every family (the answers twins share) has exactly one primary
@@ -47,7 +48,9 @@ def test_a_twin_without_its_primary_in_the_run_gets_every_check():
     no_device_twins = [
         c
         for c in custom
-        if (c["tracker"] != "none" or c["device"] == "cpu") and c["distributed"] != "fsdp"
+        if (c["tracker"] != "none" or c["device"] == "cpu")
+        and c["distributed"] != "fsdp"
+        and not c["compile"]
     ]
     plans = matrix.plans(no_device_twins)
     assert {p.which for p in plans} == {"all", "resume"}
@@ -63,8 +66,35 @@ def test_an_fsdp_twin_is_a_cross_exactly_when_its_ddp_sibling_is_in_the_run():
                 continue
             sibling = combination_id({**answers, "distributed": "ddp"}) in present
             double = answers["tracker"] != "none" and answers["device"] != "cpu"
-            assert plan.which == ("init" if sibling or double else "resume")
+            uncompiled = {**answers, "compile": False}
+            compiled = answers["compile"] and combination_id(uncompiled) in present
+            assert plan.which == ("init" if sibling or double or compiled else "resume")
     assert "resume" in {p.which for p in matrix.plans(fsdp_only)}  # no sibling: its own resume
+
+
+def test_a_compile_twin_resumes_itself_only_without_its_uncompiled_sibling():
+    """A twin's resume runs with --no-compile: where the twin without compile is in the run, the
+    compile twin would run the same lines again, and checks init only."""
+    combos = matrix.select(matrix.combinations(), ["task=classification", "distributed=none"])
+    compiled_only = [c for c in combos if c["compile"]]
+    counts = {}
+    for run in (combos, compiled_only):
+        plans = matrix.plans(run)
+        twins = [
+            p.which
+            for c, p in zip(run, plans, strict=True)
+            if c["compile"]
+            and p.which != "all"
+            and (c["tracker"] == "none") != (c["device"] == "cpu")
+        ]
+        counts[len(run)] = collections.Counter(twins)
+    assert counts[len(combos)] == {"init": 30}  # 6 families x (3 trackers, cuda, mps)
+    assert counts[len(compiled_only)] == {"resume": 30}
+    assert collections.Counter(p.which for p in matrix.plans(matrix.combinations())) == {
+        "all": 180,
+        "resume": 270,
+        "init": 1230,
+    }
 
 
 def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
@@ -79,8 +109,14 @@ def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
     def fsdp_twin(c):
         return c["distributed"] == "fsdp" and (c["tracker"] != "none" or c["device"] != "cpu")
 
-    assert all(differs_in_both(c) or fsdp_twin(c) for c in crosses)
-    assert len(crosses) == sum(differs_in_both(c) or fsdp_twin(c) for c in combos)
+    def compile_twin(c):
+        return c["compile"] and (c["tracker"] != "none" or c["device"] != "cpu")
+
+    def cross(c):
+        return differs_in_both(c) or fsdp_twin(c) or compile_twin(c)
+
+    assert all(cross(c) for c in crosses)
+    assert len(crosses) == sum(cross(c) for c in combos)
     kinds = [plans[i].which for i in matrix.schedule(combos, plans)]
     assert set(kinds[kinds.index("init") :]) == {"init"}
 
