@@ -83,14 +83,16 @@ def _host_side(frame, name: str) -> bool:
     """Calls that never touch a device tensor, though on the CPU they look as if they might.
 
     The DataLoader (with its sampler and dataset) works on host tensors, in worker processes
-    when --num-workers > 0; and torch's own `.to(device)` calls (gradient clipping gathers the
+    when --num-workers > 0, and so does the project's runtime/loader.py, which reads the batches
+    itself in place of the DataLoader when there are no workers; and torch's own `.to(device)` calls (gradient clipping gathers the
     per-parameter norms with them) stay on the device they were given.
     """
     caller = frame.f_globals.get("__name__", "")
     if name in ("to", "copy_") and caller.startswith("torch."):
         return True
     while frame is not None:
-        if frame.f_globals.get("__name__", "").startswith("torch.utils.data"):
+        module = frame.f_globals.get("__name__", "")
+        if module.startswith("torch.utils.data") or module.endswith(".runtime.loader"):
             return True
         frame = frame.f_back
     return False

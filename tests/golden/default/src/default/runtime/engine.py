@@ -43,6 +43,8 @@ class Engine:
             self.model = build_model(cfg, splits).to(device)  # what checkpoints hold
         self.forward = distributed.wrap(self.model, cfg, device)  # what the loop calls
         self.optimizer = build_optimizer(self.model, cfg)
+        # what the step clips, listed once rather than at every step
+        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
 
     def keep_schedule(self, cfg: Config, horizon: int) -> None:
@@ -84,17 +86,18 @@ def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=
         mark("forward")
         with distributed.gradient_sync(engine.forward, last=i == cfg.grad_accum_steps - 1):
             output = engine.forward(x)
-            loss = compute_loss(output, y) / cfg.grad_accum_steps
+            loss = compute_loss(output, y)
+            if cfg.grad_accum_steps > 1:  # one more operation forward and backward: not for one
+                loss = loss / cfg.grad_accum_steps
             mark("backward")
             loss.backward()
         losses.append(loss.detach())
     mark("optimizer")
-    params = [p for group in engine.optimizer.param_groups for p in group["params"]]
-    grad_norm = distributed.clip_grad_norm(params, cfg.grad_clip)
+    grad_norm = distributed.clip_grad_norm(engine.params, cfg.grad_clip)
     engine.optimizer.step()
     engine.optimizer.zero_grad(set_to_none=True)
     mark("done")
-    return sum(losses), grad_norm
+    return sum(losses[1:], start=losses[0]), grad_norm  # sum(losses) would add a 0 first
 
 
 @torch.no_grad()

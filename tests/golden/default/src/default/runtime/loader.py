@@ -140,6 +140,15 @@ def _as_read(batch):
     return batch
 
 
+def epoch_batches(loader: DataLoader):
+    """One epoch of `loader`'s batches. With no workers and nothing to pin they are read here, as
+    the DataLoader would read them, without its own work for each batch (about 20 us, 1% of the
+    default model's step on a CPU)."""
+    if loader.num_workers > 0 or loader.pin_memory:
+        return iter(loader)
+    return (loader.dataset.__getitems__(batch) for batch in loader.batch_sampler)
+
+
 def close(loader: DataLoader) -> None:
     """Ends a loader's persistent workers now. Dropping the loader does that too, except after an
     error raised in a worker: torch then keeps its workers to the exit, where they (ignoring stop

@@ -47,6 +47,8 @@ class Engine:
             self.model = build_model(cfg, splits).to(device)  # what checkpoints hold
         self.forward = distributed.wrap(self.model, cfg, device)  # what the loop calls
         self.optimizer = build_optimizer(self.model, cfg)
+        # what the step clips, listed once rather than at every step
+        self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
         self.scaler = distributed.grad_scaler(device)
 
@@ -92,19 +94,20 @@ def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=
         with distributed.gradient_sync(engine.forward, last=i == cfg.grad_accum_steps - 1):
             with torch.autocast(device.type, dtype=AMP_DTYPE):
                 output = engine.forward(x)
-            loss = compute_loss(output, y) / cfg.grad_accum_steps
+            loss = compute_loss(output, y)
+            if cfg.grad_accum_steps > 1:  # one more operation forward and backward: not for one
+                loss = loss / cfg.grad_accum_steps
             mark("backward")
             engine.scaler.scale(loss).backward()
         losses.append(loss.detach())
     mark("optimizer")
-    params = [p for group in engine.optimizer.param_groups for p in group["params"]]
     engine.scaler.unscale_(engine.optimizer)  # clip the true gradients, not the scaled ones
-    grad_norm = distributed.clip_grad_norm(params, cfg.grad_clip)
+    grad_norm = distributed.clip_grad_norm(engine.params, cfg.grad_clip)
     engine.scaler.step(engine.optimizer)  # skipped when the gradients overflowed; the scale then shrinks
     engine.scaler.update()
     engine.optimizer.zero_grad(set_to_none=True)
     mark("done")
-    return sum(losses), grad_norm
+    return sum(losses[1:], start=losses[0]), grad_norm  # sum(losses) would add a 0 first
 
 
 @torch.no_grad()

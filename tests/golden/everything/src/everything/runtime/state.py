@@ -5,7 +5,7 @@ import math
 import time
 from dataclasses import dataclass
 
-from .loader import EpochBatches
+from .loader import EpochBatches, epoch_batches
 
 
 @dataclass
@@ -30,7 +30,7 @@ def micro_batches(loader, sampler: EpochBatches, state: TrainState):
     """Training batches without end; keeps state.epoch and state.batch_in_epoch current."""
     while True:
         sampler.set_epoch(state.epoch, start=state.batch_in_epoch)
-        for batch in loader:
+        for batch in epoch_batches(loader):
             state.batch_in_epoch += 1
             yield batch
         state.epoch += 1
