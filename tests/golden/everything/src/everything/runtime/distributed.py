@@ -55,7 +55,10 @@ def init_distributed(device_type: str) -> Dist:
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ["LOCAL_RANK"])
         if device_type == "cuda":
-            torch.cuda.set_device(local_rank)
+            gpus = torch.cuda.device_count()
+            if int(os.environ.get("LOCAL_WORLD_SIZE", world_size)) > gpus:  # `check all`'s 2 on one GPU
+                backend = "gloo"  # ranks share the GPUs: NCCL refuses two ranks on one GPU
+            torch.cuda.set_device(local_rank % max(gpus, 1))
         dist.init_process_group(backend, store=_group_store(), rank=rank, world_size=world_size)
     else:
         rank, world_size, local_rank = 0, 1, 0

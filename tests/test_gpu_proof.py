@@ -1,0 +1,66 @@
+"""benchmarks/gpu_proof.py, the one command for a lent GPU: what it plans, and its one line on a
+machine without CUDA (how CI runs it)."""
+
+from __future__ import annotations
+
+import itertools
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from scaffold.combinations import combination_id, values, varied_questions
+
+REPO = Path(__file__).resolve().parent.parent
+SCRIPT = REPO / "benchmarks" / "gpu_proof.py"
+
+
+def proof(*args: str, cwd=REPO) -> subprocess.CompletedProcess:
+    command = [sys.executable, str(SCRIPT), *args]
+    return subprocess.run(command, cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA: the proof would run")
+def test_without_cuda_it_says_so_in_one_line_and_exits_0(tmp_path):
+    ran = proof("--out", str(tmp_path / "out"), cwd=tmp_path)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == [
+        f"gpu_proof: no CUDA GPU here (torch {torch.__version__}): nothing to run"
+    ]
+    assert ran.stderr == ""
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_plan_holds_every_cuda_primary_the_mfu_run_find_batch_size_ddp_and_fsdp():
+    ran = proof("--list")
+    assert ran.returncode == 0, ran.stderr
+    lines = ran.stdout.splitlines()
+    planned = {line.split(": ", 1)[0].strip(): [] for line in lines if line.startswith("  ")}
+    for line in lines:
+        if line.startswith("  "):
+            part, text = line.strip().split(": ", 1)
+            planned[part].append(text)
+    assert list(planned) == ["mfu", "find-batch-size", "ddp", "fsdp", "matrix"]
+
+    # Every cuda primary: device cuda, tracker none, each value of every other question (no
+    # validator refuses a cuda combination), each once.
+    questions = varied_questions()
+    fixed = {"tracker": ("none",), "device": ("cuda",)}
+    expected = {
+        combination_id(dict(zip([q.name for q in questions], product, strict=True)))
+        for product in itertools.product(*(fixed.get(q.name) or values(q) for q in questions))
+    }
+    matrix = planned["matrix"][1:]
+    assert len(matrix) == len(expected) == 180
+    assert set(matrix) == expected
+
+    assert planned["mfu"] == [f"{sys.executable} {REPO / 'benchmarks' / 'gpu_throughput.py'}"]
+    assert "find-batch-size" in planned["find-batch-size"][0]
+    for mode in ("ddp", "fsdp"):
+        [command] = planned[mode]
+        assert command.startswith(f"(in proof-{mode}) NPROC=2 bash scripts/train_single_node.sh")
+        assert f"2 processes on one GPU, `train` 200 steps, generation-none-cuda-{mode}" in (
+            ran.stdout
+        )
