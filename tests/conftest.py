@@ -17,6 +17,13 @@ from scaffold.combinations import combinations
 
 REPO = Path(__file__).resolve().parent.parent
 
+# One intra-op thread for every process a test starts (projects, their ranks, matrix workers):
+# xdist runs a test a core, so a process sized for every core shares them with the other's, and
+# torch's OpenMP threads then spin waiting for each other. Measured under `-n 2` on 2 cores: the
+# matrix test of one generation combination took 121 s with each process at 2 threads, 22 s at 1.
+# Set before torch is imported anywhere in this session; a value given outside wins.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 @dataclass
 class Ran:
