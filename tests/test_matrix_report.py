@@ -35,3 +35,27 @@ def test_the_summary_counts_each_check_and_its_job_time():
     assert "all 30.0s (1), init 3.0s (1), resume 12.0s (2)" in text
     assert "FAILED classification-tensorboard-cpu at check" in text
     assert text.endswith("matrix wall time: 40.0s")
+
+
+def test_the_summary_splits_the_job_time_by_task_and_distributed_mode():
+    outcomes = [_outcome("none", "all", 30.0), _outcome("mlflow", "resume", 6.0)]
+    fsdp = _outcome("none", "all", 90.0)
+    fsdp.answers.update(task="image", distributed="fsdp")
+    outcomes.append(fsdp)
+
+    text = report.summary(outcomes, wall=60.0)
+
+    header, *rows = text.split("job time by family")[1].splitlines()[1:4]
+    assert header.split() == ["all", "resume", "render+lint", "total"]
+    # slowest family first; checks with their counts, then render and lint, then the total
+    assert rows[0].split() == ["image", "fsdp", "1m28s", "(1)", "-", "2.0s", "1m30s"]
+    assert rows[1].split() == [
+        "classification",
+        "-",
+        "28.0s",
+        "(1)",
+        "4.0s",
+        "(1)",
+        "4.0s",
+        "36.0s",
+    ]

@@ -53,6 +53,7 @@ def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
             "median by task: "
             + ", ".join(f"{k} {_median(sorted(v)):.1f} s" for k, v in sorted(by_task.items()))
         )
+        lines.extend(_family_table(outcomes))
         lines.append("slowest:")
         width = max(len(o.name) for o in outcomes)
         for o in sorted(outcomes, key=lambda o: -o.total)[:slowest]:
@@ -65,6 +66,39 @@ def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
         lines.append(_indent(o.tail()))
     lines.append(f"matrix wall time: {_duration(wall)}")
     return "\n".join(lines)
+
+
+FAMILY = ("task", "distributed")  # the rows of the job-time table
+
+
+def _family_table(outcomes: Sequence[Outcome]) -> list[str]:
+    """Job time by task and distributed mode: each check's (and count), then render and lint
+    together, slowest family first: where the matrix's time goes."""
+    kinds = sorted({o.plan.which for o in outcomes}, key=lambda k: (k != "all", k))
+    rows: dict[str, dict[str, list[float]]] = {}
+    for o in outcomes:
+        name = " ".join(str(o.answers.get(k, "-")) for k in FAMILY)
+        row = rows.setdefault(name, {})
+        checked = sum(t for step, t in o.seconds.items() if step not in ("render", "lint"))
+        row.setdefault(o.plan.which, []).append(checked)
+        row.setdefault("render+lint", []).append(
+            o.seconds.get("render", 0.0) + o.seconds.get("lint", 0.0)
+        )
+    columns = [*kinds, "render+lint"]
+    width = max(len(name) for name in rows)
+    lines = ["job time by family (checks with prepare, and count; render and lint apart):"]
+    lines.append(f"  {'':<{width}}  " + "".join(f"{c:>16}" for c in [*columns, "total"]))
+    by_total = sorted(rows.items(), key=lambda item: -sum(sum(v) for v in item[1].values()))
+    for name, row in by_total:
+        cells = [
+            f"{_duration(sum(row[c]))} ({len(row[c])})"
+            if c in row and c != "render+lint"
+            else (_duration(sum(row[c])) if c in row else "-")
+            for c in columns
+        ]
+        total = _duration(sum(sum(v) for v in row.values()))
+        lines.append(f"  {name:<{width}}  " + "".join(f"{c:>16}" for c in [*cells, total]))
+    return lines
 
 
 def write_junit(outcomes: Sequence[Outcome], path: Path, wall: float) -> None:
