@@ -13,8 +13,26 @@ from pathlib import Path
 import pytest
 
 from scaffold._cli import run
+from scaffold.check import ci_verdict
 
 REPO = Path(__file__).resolve().parent.parent
+
+
+def checks_passed(done: subprocess.CompletedProcess[str]) -> bool:
+    """Whether a project's `check` run passed as CI counts it: exit status 0, or a loader check
+    that failed on a close call and nothing else (scaffold.check.ci_verdict), printed here."""
+    if done.returncode == 0:
+        return True
+    passed, notes = ci_verdict(done.stdout)
+    print(*notes, sep="\n")
+    return passed and bool(notes)
+
+
+def check_passed_line(stdout: str, name: str) -> bool:
+    """`name`'s line says PASS, or (the loader) FAIL on a close call that CI reports."""
+    line = next((line for line in stdout.splitlines() if line.startswith(f"{name}: ")), "")
+    passed, notes = ci_verdict(line)
+    return line.startswith(f"{name}: PASS") or (passed and bool(notes))
 
 
 @dataclass
