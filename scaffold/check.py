@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -71,3 +72,37 @@ def run_checks(
         p for p in (str(project / "src"), env.get("PYTHONPATH")) if p
     )
     return subprocess.run(command, cwd=project, env=env, check=False).returncode
+
+
+# The loader check compares two times: the loader alone for one step's batches against the
+# step. At the scaled-down sizes CI checks with (scaffold.matrix.runner.CHECK_SIZES), both are a
+# few milliseconds, and the machine's noise alone moved a verdict (2.09 ms of loading against a
+# 1.94 ms step; 25.7 ms against 25.2 ms). So CI fails a loader check only when loading takes
+# over LOADER_MARGIN times the step, and reports a closer FAIL as a close call. A user's own
+# `check loader` keeps its strict verdict (loading at most the step).
+LOADER_MARGIN = 1.5
+_LOADER_FIGURES = re.compile(r"\(([\d.]+) ms a step\), training step ([\d.]+) ms")
+
+
+def ci_verdict(output: str) -> tuple[bool, list[str]]:
+    """Whether the check lines in `output` (a project's `check` output) pass in CI, and a note for
+    each loader FAIL excused as a close call. Every other check's FAIL fails, and so does a
+    loader FAIL whose figures are missing or over the margin."""
+    passed, notes = True, []
+    for line in output.splitlines():
+        name, _, rest = line.partition(": ")
+        if not rest.startswith("FAIL"):
+            continue
+        figures = _LOADER_FIGURES.search(rest) if name == "loader" else None
+        if figures is None:
+            passed = False
+            continue
+        load, step = map(float, figures.groups())
+        if load > LOADER_MARGIN * step:
+            passed = False
+        else:
+            notes.append(
+                f"loader: close call, reported not failed: loading {load:.2f} ms a step against a"
+                f" {step:.2f} ms step, within CI's margin of {LOADER_MARGIN}x"
+            )
+    return passed, notes

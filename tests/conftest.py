@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from scaffold._cli import run
+from scaffold.check import ci_verdict
 from scaffold.combinations import combinations
 
 REPO = Path(__file__).resolve().parent.parent
@@ -23,6 +24,23 @@ REPO = Path(__file__).resolve().parent.parent
 # matrix test of one generation combination took 121 s with each process at 2 threads, 22 s at 1.
 # Set before torch is imported anywhere in this session; a value given outside wins.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def checks_passed(done: subprocess.CompletedProcess[str]) -> bool:
+    """Whether a project's `check` run passed as CI counts it: exit status 0, or a loader check
+    that failed on a close call and nothing else (scaffold.check.ci_verdict), printed here."""
+    if done.returncode == 0:
+        return True
+    passed, notes = ci_verdict(done.stdout)
+    print(*notes, sep="\n")
+    return passed and bool(notes)
+
+
+def check_passed_line(stdout: str, name: str) -> bool:
+    """`name`'s line says PASS, or (the loader) FAIL on a close call that CI reports."""
+    line = next((line for line in stdout.splitlines() if line.startswith(f"{name}: ")), "")
+    passed, notes = ci_verdict(line)
+    return line.startswith(f"{name}: PASS") or (passed and bool(notes))
 
 
 @dataclass

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import check_passed_line, checks_passed
 from test_project import _env, render, run
 
 pytestmark = pytest.mark.slow
@@ -154,10 +155,10 @@ def test_a_per_example_dataset_and_a_cnn_pass_every_check(tmp_path):
     (package / "model.py").write_text(CNN_MODEL.lstrip())
     done = run(project, "check", "all", "--batch-size", "32", "--num-workers", "2")
     print(done.stdout, done.stderr)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert checks_passed(done), done.stdout + done.stderr
     lines = _lines(done)
     assert set(lines) == {"overfit", "batch", "init", "loader", "resume"}
-    assert all(": PASS: " in line for line in lines.values())
+    assert all(check_passed_line(line, name) for name, line in lines.items())
     assert "model in eval mode (BatchNorm's batch statistics not counted)" in lines["batch"]
     assert "expected about 0.6931 (model.initial_loss)" in lines["init"]
     inspected = run(project, "inspect-data")
@@ -278,7 +279,7 @@ def test_a_table_of_a_few_hundred_rows_checks_and_trains_soundly(tmp_path):
 
     done = run(project, "check", "all", "--data", table)  # 270 rows: one batch an epoch
     print(done.stdout, done.stderr)
-    assert done.returncode == 0, done.stdout + done.stderr
+    assert checks_passed(done), done.stdout + done.stderr
     assert "no step ends mid-epoch (1 micro-batches an epoch, 1 a step)" in done.stdout
 
     done = run(project, "train", "--data", table, "--run-dir", "runs/small")

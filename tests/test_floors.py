@@ -1,14 +1,15 @@
 """The declared floors are true: the oldest copier pyproject.toml allows renders the template, and
 renders exactly what the installed copier does; one below it is refused in one line.
 
-Each test makes a virtual environment on top of this one (--system-site-packages) and installs
-one copier version into it from the package index.
+Each test makes a virtual environment on top of this one and installs one copier version into it
+from the package index.
 """
 
 from __future__ import annotations
 
 import filecmp
 import re
+import site
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,23 @@ def declared_copier_floor() -> str:
 
 
 def python_with_copier(folder: Path, version: str) -> Path:
-    subprocess.run(
-        [sys.executable, "-m", "venv", "--system-site-packages", str(folder)], check=True
-    )
+    """A Python that sees this one's packages, with `version` of copier in front of them.
+
+    `venv --system-site-packages` would see the base interpreter's packages, which lack typer and
+    the rest when the tests themselves run in a virtual environment; a .pth file adds the running
+    interpreter's site directories instead, after the new environment's own.
+    """
+    subprocess.run([sys.executable, "-m", "venv", str(folder)], check=True)
     python = folder / "bin" / "python"
+    own = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    outer = [*site.getsitepackages(), site.getusersitepackages()]
+    lines = [f"import site; site.addsitedir({d!r})" for d in outer if d in sys.path]
+    (Path(own) / "outer-environment.pth").write_text("\n".join(lines) + "\n")
     subprocess.run(
         [python, "-m", "pip", "install", "-q", f"copier=={version}"],
         check=True,

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import checks_passed
 from PIL import Image
 from test_project import render, run
 
@@ -210,7 +211,7 @@ def _corpus(path: Path) -> None:
 
 def _succeeds(project: Path, *args: str) -> str:
     done = run(project, *args)
-    assert done.returncode == 0, f"{args[0]} failed:\n{done.stdout}\n{done.stderr}"
+    assert checks_passed(done), f"{args[0]} failed:\n{done.stdout}\n{done.stderr}"
     assert "Traceback" not in done.stderr, done.stderr
     return done.stdout
 

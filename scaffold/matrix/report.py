@@ -128,9 +128,10 @@ def write_junit(outcomes: Sequence[Outcome], path: Path, wall: float) -> None:
 
 def progress_line(outcome: Outcome, done: int, total: int, failed: int, elapsed: float) -> str:
     status = "ok" if outcome.passed else f"FAILED at {outcome.step}"
+    notes = "".join(f"; {note}" for note in outcome.notes)
     return (
         f"[{done}/{total}] {failed} failed, {_duration(elapsed)}: "
-        f"{outcome.name} {status} ({outcome.total:.1f} s)"
+        f"{outcome.name} {status} ({outcome.total:.1f} s){notes}"
     )
 
 

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from scaffold.check import check_command, project_package
+from scaffold.check import check_command, ci_verdict, project_package
 from scaffold.combinations import combination_id
 from scaffold.errors import ScaffoldError
 from scaffold.matrix import fork
@@ -110,6 +110,7 @@ class Outcome:
     output: str  # the failing step's output (empty when passed)
     plan: Plan  # the checks it ran: all, or a twin's
     project: Path | None = None  # kept when it failed
+    notes: list[str] = dataclasses.field(default_factory=list)  # close calls reported (ci_verdict)
 
     @property
     def name(self) -> str:
@@ -302,12 +303,23 @@ def _run_one(job: Job) -> Outcome:
     ranks = fork.DDP_PROCESSES if job.answers.get("distributed", "none") != "none" else 1
     returncode, output = run(project, job, _check_command(project, job), "check.log", ranks=ranks)
     seconds["check"] = time.perf_counter() - start
+    notes: list[str] = []
     if returncode != 0:
-        return fail("check", output)
+        # A loader check that failed on a close call passes, reported (scaffold.check.ci_verdict);
+        # the exit status counts only when its output shows no failing check (a crash, say).
+        passed, notes = ci_verdict(output)
+        if not (passed and notes):
+            return fail("check", output)
     if not job.keep:
         shutil.rmtree(job.folder, ignore_errors=True)
     return Outcome(
-        answers=job.answers, passed=True, step="check", seconds=seconds, output="", plan=job.plan
+        answers=job.answers,
+        passed=True,
+        step="check",
+        seconds=seconds,
+        output="",
+        plan=job.plan,
+        notes=notes,
     )
 
 
