@@ -82,10 +82,11 @@ def _syncs(name: str, args, kwargs) -> bool:
 def _host_side(frame, name: str) -> bool:
     """Calls that never touch a device tensor, though on the CPU they look as if they might.
 
-    The DataLoader (with its sampler and dataset) works on host tensors, in worker processes
-    when --num-workers > 0, and so does the project's runtime/loader.py, which reads the batches
-    itself in place of the DataLoader when there are no workers; and torch's own `.to(device)` calls (gradient clipping gathers the
-    per-parameter norms with them) stay on the device they were given.
+    The DataLoader (with its sampler and dataset) works on host tensors, in worker processes when
+    --num-workers > 0, and so does the project's runtime/loader.py, which reads the batches itself
+    in place of the DataLoader when there are no workers; and torch's own `.to(device)` calls
+    (gradient clipping gathers the per-parameter norms with them) stay on the device they were
+    given.
     """
     caller = frame.f_globals.get("__name__", "")
     if name in ("to", "copy_") and caller.startswith("torch."):
