@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from scaffold._cli import run
-from scaffold.check import ci_verdict
+from scaffold.check import ci_passed, ci_verdict
 from scaffold.combinations import combinations
 
 REPO = Path(__file__).resolve().parent.parent
@@ -29,11 +29,10 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def checks_passed(done: subprocess.CompletedProcess[str]) -> bool:
     """Whether a project's `check` run passed as CI counts it: exit status 0, or a loader check
     that failed on a close call and nothing else (scaffold.check.ci_verdict), printed here."""
-    if done.returncode == 0:
-        return True
-    passed, notes = ci_verdict(done.stdout)
-    print(*notes, sep="\n")
-    return passed and bool(notes)
+    passed, notes = ci_passed(done.returncode, done.stdout)
+    if notes:
+        print(*notes, sep="\n")
+    return passed
 
 
 def check_passed_line(stdout: str, name: str) -> bool:

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from scaffold.check import check_command, ci_verdict, project_package
+from scaffold.check import check_command, ci_passed, project_package
 from scaffold.combinations import combination_id
 from scaffold.errors import ScaffoldError
 from scaffold.matrix import fork
@@ -303,13 +303,9 @@ def _run_one(job: Job) -> Outcome:
     ranks = fork.DDP_PROCESSES if job.answers.get("distributed", "none") != "none" else 1
     returncode, output = run(project, job, _check_command(project, job), "check.log", ranks=ranks)
     seconds["check"] = time.perf_counter() - start
-    notes: list[str] = []
-    if returncode != 0:
-        # A loader check that failed on a close call passes, reported (scaffold.check.ci_verdict);
-        # the exit status counts only when its output shows no failing check (a crash, say).
-        passed, notes = ci_verdict(output)
-        if not (passed and notes):
-            return fail("check", output)
+    passed, notes = ci_passed(returncode, output)  # a loader close call passes, reported
+    if not passed:
+        return fail("check", output)
     if not job.keep:
         shutil.rmtree(job.folder, ignore_errors=True)
     return Outcome(
