@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -17,6 +18,8 @@ import pytest
 from scaffold import matrix
 from scaffold.matrix import fork, runner
 from scaffold.questions import package_name
+
+REPO = Path(__file__).resolve().parent.parent
 
 pytestmark = pytest.mark.skipif(not matrix.forking_supported(), reason="checks fork on Linux")
 
@@ -242,3 +245,44 @@ def test_generation_checks_run_on_a_folder_its_own_prepare_wrote(tmp_path):
     assert record["data"]["source"] == runner.PREPARED
     assert record["data"]["digest"] == meta["digest"] and record["config"]["documents"] is True
     assert "nor on its padding" in (tmp_path / "0000" / "check.log").read_text()
+
+
+def _cross_job(tmp_path: Path, template: Path) -> runner.Job:
+    """A generation ddp cross (wandb on cuda), checked as the matrix checks it."""
+    answers = {"task": "generation", "tracker": "wandb", "device": "cuda", "distributed": "ddp"}
+    [combo] = [
+        c
+        for c in matrix.select(matrix.combinations(), [f"{k}={v}" for k, v in answers.items()])
+        if c["precision"] == "fp32" and c["grad_accum_steps"] == 1 and not c["compile"]
+    ]
+    plan = matrix.twins.Plan(which=matrix.twins.CROSS_CHECK, options={}, primary="its primary")
+    return runner.Job(
+        answers=combo,
+        plan=plan,
+        folder=tmp_path / "0000",
+        template=template,
+        native_device=False,
+        threads=1,
+        keep=True,
+        timeout=300,
+        fork=False,  # a fresh interpreter: pytest's own process is not forked from
+    )
+
+
+def test_a_cross_imports_its_project_and_fails_on_a_module_that_does_not_load(tmp_path):
+    """A cross runs its project's --help: one process, no prepare. A module that does not import
+    (its import resolves only at run time, so the lint passes) fails it at that step."""
+    template = tmp_path / "template"
+    shutil.copytree(REPO / "templates", template)
+
+    good = runner._run_one(_cross_job(tmp_path / "good", template))
+
+    assert good.passed, good.tail()
+    assert set(good.seconds) == {"render", "lint", "check"}  # no prepare, no check run
+
+    tracker = template / "trackers" / "wandb.py.jinja"
+    tracker.write_text(tracker.read_text() + '\n\n_missing = __import__("no_such_module")\n')
+    bad = runner._run_one(_cross_job(tmp_path / "bad", template))
+
+    assert not bad.passed and bad.step == "check"
+    assert "No module named 'no_such_module'" in bad.output

@@ -24,15 +24,15 @@ def test_the_summary_counts_each_check_and_its_job_time():
         _outcome("none", "all", 30.0),
         _outcome("mlflow", "resume", 6.0),
         _outcome("wandb", "resume", 6.0),
-        _outcome("tensorboard", "init", 3.0, passed=False),
+        _outcome("tensorboard", "import", 3.0, passed=False),
     ]
 
     text = report.summary(outcomes, wall=40.0)
 
     assert "combinations 4: passed 3, failed 1" in text
-    assert "check all on 1, a twin's check init on 1, a twin's check resume on 2" in text
+    assert "check all on 1, a twin's check resume on 2, a cross's --help on 1" in text
     assert "job time by check (the sum over combinations, all jobs together): " in text
-    assert "all 30.0s (1), init 3.0s (1), resume 12.0s (2)" in text
+    assert "all 30.0s (1), import 3.0s (1), resume 12.0s (2)" in text
     assert "FAILED classification-tensorboard-cpu at check" in text
     assert text.endswith("matrix wall time: 40.0s")
 

@@ -23,10 +23,10 @@ def test_the_primaries_get_check_all_and_every_other_combination_is_their_twin()
         differs = {k for k in answers if answers[k] != primary[k]}
         assert differs and differs <= {"tracker", "device"}
         # a cross (a tracker on another device, an fsdp twin: its ddp sibling is in the run, or a
-        # compile twin: the same twin without compile is) runs check init; the rest, resume
+        # compile twin: the same twin without compile is) runs --help only; the rest, resume
         cross = differs == {"tracker", "device"} or answers["distributed"] == "fsdp"
         cross = cross or answers["compile"]
-        assert plan.which == ("init" if cross else "resume")
+        assert plan.which == ("import" if cross else "resume")
         assert plan.options == ({"no_compile": None} if answers["compile"] else {})
     # every family (the answers twins share) has exactly one primary
     families = collections.Counter(matrix.family(c) for c in primaries)
@@ -40,7 +40,7 @@ def test_a_twin_without_its_primary_in_the_run_gets_every_check():
 
     slice_ = matrix.select(matrix.combinations(), ["task=custom", "precision=bf16"])
     plans = matrix.plans(slice_)
-    assert {p.which for p in plans} == {"all", "resume", "init"}
+    assert {p.which for p in plans} == {"all", "resume", "import"}
     assert {p.which for p in matrix.plans(slice_, full=True)} == {"all"}
 
     # without the device twins (tracker none), a tracker on cuda runs its own resume check
@@ -68,13 +68,13 @@ def test_an_fsdp_twin_is_a_cross_exactly_when_its_ddp_sibling_is_in_the_run():
             double = answers["tracker"] != "none" and answers["device"] != "cpu"
             uncompiled = {**answers, "compile": False}
             compiled = answers["compile"] and combination_id(uncompiled) in present
-            assert plan.which == ("init" if sibling or double or compiled else "resume")
+            assert plan.which == ("import" if sibling or double or compiled else "resume")
     assert "resume" in {p.which for p in matrix.plans(fsdp_only)}  # no sibling: its own resume
 
 
 def test_a_compile_twin_resumes_itself_only_without_its_uncompiled_sibling():
     """A twin's resume runs with --no-compile: where the twin without compile is in the run, the
-    compile twin would run the same lines again, and checks init only."""
+    compile twin would run the same lines again, and runs --help only."""
     combos = matrix.select(matrix.combinations(), ["task=classification", "distributed=none"])
     compiled_only = [c for c in combos if c["compile"]]
     counts = {}
@@ -88,19 +88,19 @@ def test_a_compile_twin_resumes_itself_only_without_its_uncompiled_sibling():
             and (c["tracker"] == "none") != (c["device"] == "cpu")
         ]
         counts[len(run)] = collections.Counter(twins)
-    assert counts[len(combos)] == {"init": 30}  # 6 families x (3 trackers, cuda, mps)
+    assert counts[len(combos)] == {"import": 30}  # 6 families x (3 trackers, cuda, mps)
     assert counts[len(compiled_only)] == {"resume": 30}
     assert collections.Counter(p.which for p in matrix.plans(matrix.combinations())) == {
         "all": 180,
         "resume": 270,
-        "init": 1230,
+        "import": 1230,
     }
 
 
 def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
     combos = matrix.combinations()
     plans = matrix.plans(combos)
-    crosses = [c for c, p in zip(combos, plans, strict=True) if p.which == "init"]
+    crosses = [c for c, p in zip(combos, plans, strict=True) if p.which == "import"]
     assert crosses
 
     def differs_in_both(c):
@@ -118,7 +118,7 @@ def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
     assert all(cross(c) for c in crosses)
     assert len(crosses) == sum(cross(c) for c in combos)
     kinds = [plans[i].which for i in matrix.schedule(combos, plans)]
-    assert set(kinds[kinds.index("init") :]) == {"init"}
+    assert set(kinds[kinds.index("import") :]) == {"import"}
 
 
 def test_with_the_checks_on_the_projects_own_device_only_the_tracker_makes_twins():
@@ -162,5 +162,5 @@ def test_the_slow_checks_start_first_and_the_twins_last():
     assert {tuple(c[k] for k in matrix.COMPILE_FAMILY) for c in first} == families
     kinds = [plans[i].which for i in order]
     twins_start = kinds.index("resume")
-    assert set(kinds[twins_start:]) == {"resume", "init"}
+    assert set(kinds[twins_start:]) == {"resume", "import"}
     assert "all" not in kinds[twins_start:]

@@ -4,7 +4,7 @@
     lint                                  a render as rendered: ruff, residue, absent options
     runner                                render, lint and check each, `jobs` at a time
     fork                                  a check forked from a warm worker, as python -m runs
-    twins                                 which checks: all, a twin's check resume, a cross's init
+    twins                                 which checks: all, a twin's check resume, a cross's --help
     report                                progress lines, the summary table, JUnit XML
 
 `scaffold matrix` is the command line over `run_matrix`.

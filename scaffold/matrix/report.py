@@ -8,6 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from xml.etree import ElementTree
 
+from scaffold.matrix.twins import CROSS_CHECK
+
 if TYPE_CHECKING:
     from scaffold.matrix.runner import Outcome
 
@@ -22,7 +24,11 @@ def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
     linted = sum("lint" in o.seconds and o.step != "lint" for o in outcomes)
     checked = sum("check" in o.seconds for o in outcomes)
     kinds = Counter(o.plan.which for o in outcomes)  # "all", or a twin's check
-    twins = ", ".join(f"a twin's check {k} on {n}" for k, n in sorted(kinds.items()) if k != "all")
+    twins = ", ".join(
+        f"a cross's --help on {n}" if k == CROSS_CHECK else f"a twin's check {k} on {n}"
+        for k, n in sorted(kinds.items(), key=lambda kind: kind[0] == CROSS_CHECK)
+        if k != "all"
+    )
     lines = [
         f"combinations {len(outcomes)}: passed {len(passed)}, failed {len(failed)} "
         f"(rendered {rendered}, lint-clean {linted}, checks run {checked}: "

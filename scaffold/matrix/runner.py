@@ -29,7 +29,7 @@ from scaffold.combinations import combination_id
 from scaffold.errors import ScaffoldError
 from scaffold.matrix import fork
 from scaffold.matrix.lint import lint_problems
-from scaffold.matrix.twins import TWIN_CHECK, Plan, plans
+from scaffold.matrix.twins import CROSS_CHECK, TWIN_CHECK, Plan, plans
 
 # copier.yml's longest project name: rendered lines must stay within the line length with it.
 LONGEST_NAME = "a-long-project-name-to-fill-forty-chars1"
@@ -248,7 +248,7 @@ def schedule(combos: Sequence[dict[str, Any]], checks: Sequence[Plan] | None = N
             first.append(i)
         else:
             full.append(i)
-    # the resume checks before the crosses' shorter init checks
+    # the resume checks before the crosses' imports
     twins.sort(key=lambda i: checks[i].which != TWIN_CHECK)
     return first + full + twins
 
@@ -289,7 +289,7 @@ def _run_one(job: Job) -> Outcome:
 
     forked = job.fork and not _gpu_present()
     run = _run_forked if forked else _run_fresh
-    prepare = prepare_arguments(job.answers)
+    prepare = prepare_arguments(job.answers) if job.plan.which != CROSS_CHECK else None
     if prepare:
         start = time.perf_counter()
         write_corpus(project / "corpus.jsonl")
@@ -300,7 +300,8 @@ def _run_one(job: Job) -> Outcome:
             return fail("prepare", output)
 
     start = time.perf_counter()
-    ranks = fork.DDP_PROCESSES if job.answers.get("distributed", "none") != "none" else 1
+    distributed = job.answers.get("distributed", "none") != "none" and job.plan.which != CROSS_CHECK
+    ranks = fork.DDP_PROCESSES if distributed else 1
     returncode, output = run(project, job, _check_command(project, job), "check.log", ranks=ranks)
     seconds["check"] = time.perf_counter() - start
     passed, notes = ci_passed(returncode, output)  # a loader close call passes, reported
@@ -328,7 +329,9 @@ def _gpu_present() -> bool:
 
 def _check_command(project: Path, job: Job) -> list[str]:
     """`python -m <pkg> check all` (a twin's `check resume`), on the CPU unless native_device,
-    with the check sizes."""
+    with the check sizes; a cross's `python -m <pkg> --help`."""
+    if job.plan.which == CROSS_CHECK:
+        return [sys.executable, "-m", project_package(project), "--help"]
     device = None if job.native_device else "cpu"
     options = {**check_sizes(job.answers), **job.plan.options}
     return check_command(project, which=job.plan.which, device=device, options=options)
