@@ -260,6 +260,27 @@ def test_two_runs_name_the_fix(diag, tmp_path, capsys):
     assert json.loads(capsys.readouterr().out)["runs"][0]["findings"] == []
 
 
+def test_a_run_stopped_early_fixes_nothing(diag, tmp_path, capsys):
+    """A finding absent from a run that a signal stopped may only not have shown yet."""
+    before = write_run(
+        tmp_path / "low", train=lambda s: 1.386, val=lambda s: 1.386, lr=1e-7, min_lr=0.0
+    )
+    after = write_run(tmp_path / "stopped", finished={"stopped_by": "SIGTERM", "step": 40})
+
+    diag.run_diagnose([str(before), str(after)])
+
+    out = capsys.readouterr().out
+    assert "**Issues fixed:**" not in out
+    assert f"flat not shown, but not fixed: {after} was stopped by SIGTERM at step 40" in out
+    report = importlib.import_module(diag.__name__.replace(".diagnose", ".report"))
+    lines = report.report(str(after), since=str(before)).splitlines()
+    [line] = [ln for ln in lines if ln.startswith("**Issues fixed:**")]
+    assert line == (
+        f"**Issues fixed:** not judged: {after} was stopped by SIGTERM at step 40; "
+        "compare a run that ran its course"
+    )
+
+
 def test_the_command_line_exit_status_and_json(tmp_path):
     project = render(tmp_path / "cli")
     flat = write_run(

@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..config import RESUME_FIXED
+
 
 class RunRecordError(RuntimeError):
     """run.json is missing or is not a run record."""
@@ -72,6 +74,23 @@ CHECK_SUMMARY_SHAPE = {
     "loader_share": NUMBER,
     "checks?": dict,
 }
+
+
+def checks_mismatch(summary: dict, record: dict) -> str | None:
+    """What the `check all` of `summary` checked that the run of `record` (its run.json) did not
+    run: other code (the source's digest as the run last started or resumed), other data, or
+    other settings of the model, data or optimisation; None when the checks are the run's."""
+    latest = [record, *record.get("resumed", [])][-1]
+    if summary.get("source_digest") is None or summary["source_digest"] != latest.get("source_digest"):
+        return "other code"
+    ran, checked = record.get("data", {}), summary.get("data", {})
+    if any(ran.get(key) != checked.get(key) for key in ("source", "digest")):
+        return "other data"
+    config = record.get("config", {})
+    differ = [name for name in RESUME_FIXED if summary.get("config", {}).get(name) != config.get(name)]
+    if differ:
+        return "other settings (" + ", ".join("--" + name.replace("_", "-") for name in differ) + ")"
+    return None
 
 
 def check_summary_path(run_dir: Path) -> Path:

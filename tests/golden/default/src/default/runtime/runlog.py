@@ -7,6 +7,7 @@ Floats are written in full.
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import platform
@@ -76,7 +77,8 @@ class RunLog:
             print(f"warning: {error}: rebuilt from this command's settings", file=sys.stderr)
             self.record = {**record, "rebuilt_at_step": step}
         restart = {"at_step": step, "checkpoint": str(path), "git": git_state(), "command": sys.argv}
-        self.record.setdefault("resumed", []).append({**restart, "time": _now()})
+        restart["source_digest"] = source_digest()  # the code that runs from here
+        self.record.setdefault("resumed", []).append({**restart, "time": now_utc()})
         write_json_atomically(self.run_json, self.record)
         self._open_metrics()
 
@@ -115,7 +117,7 @@ class RunLog:
 
     def finish(self, summary: dict) -> None:
         """Records where this session of the run ended (or was stopped), and how fast it went."""
-        self.record["finished"] = {**summary, "time": _now()}
+        self.record["finished"] = {**summary, "time": now_utc()}
         write_json_atomically(self.run_json, self.record)
 
     def close(self) -> None:
@@ -186,9 +188,10 @@ def run_record(cfg: Config, data: dict, precision: str) -> dict:
         "precision": precision,
         "data": data,
         "git": git_state(),
+        "source_digest": source_digest(),  # the code that ran, committed or not (report matches checks by it)
         "versions": library_versions(),
         "command": sys.argv,
-        "started": _now(),
+        "started": now_utc(),
         "resumed": [],
     }
 
@@ -209,6 +212,16 @@ def git_state() -> dict:
     return {"commit": commit, "dirty": bool(status)}
 
 
+def source_digest() -> str:
+    """A digest of this project's Python source as it is on disk, uncommitted edits included: what
+    `report` compares to tell whether the last `check all` checked the code a run ran."""
+    package = Path(__file__).resolve().parent.parent
+    digest = hashlib.sha256()
+    for path in sorted(package.rglob("*.py")):
+        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def library_versions() -> dict:
     return {
         "python": platform.python_version(),
@@ -218,7 +231,7 @@ def library_versions() -> dict:
     }
 
 
-def _now() -> str:
+def now_utc() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 

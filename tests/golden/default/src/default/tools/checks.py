@@ -9,11 +9,15 @@
 
 Exit status 0 only if every check run passes. Each check takes the same options as `train`
 (--data, --device, ...), draws its batches through the training loader, and writes its runs
-under runs/check/.
+under runs/check/ (beside --run-dir), one check at a time: a second `check all` or `check resume`
+there is refused while one runs. `check all` records in runs/check/summary.json what it checked,
+taken as it starts: the commit (and whether the tree had uncommitted changes), a digest of the
+source, the data and the config. `report` shows a run's Sanity line only when they are the run's.
 """
 
+import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -21,10 +25,11 @@ import torch
 from ..config import Config
 from ..data import load_splits
 from ..model import compute_loss, initial_loss, overfit_target
-from ..runtime.distributed import all_reduce_sum, init_distributed, run_as_processes
+from ..runtime.distributed import all_reduce_sum, any_rank_max, init_distributed, run_as_processes
 from ..runtime.engine import Engine, setup, train_step
 from ..runtime.loader import EpochDataset
-from ..runtime.runlog import PROJECT, git_state, write_json_atomically
+from ..runtime.runlog import PROJECT, git_state, now_utc, source_digest, write_json_atomically
+from ..runtime.stopping import RunFolderBusy, RunLock
 from .resume_check import resume_matches
 from .timing import LOADER_WARN_SHARE, time_loader
 
@@ -208,6 +213,10 @@ def _run(cfg: Config, which: str, main: bool) -> int:
     """Every rank runs the checks; rank 0 reports, and its exit status is the command's."""
     say = print if main else lambda line: None
     work = Path(cfg.run_dir).parent / "check"
+    # What is checked, taken before the checks start: a commit made while they run is not theirs.
+    checked = {"git": git_state(), "source_digest": source_digest(), "config": asdict(cfg)}
+    checked["started"] = now_utc()
+    lock = _lock(work, main) if which in ("all", "resume") else None  # the checks that write there
     checks = {  # the loader before resume, which pins one thread for exactness
         "overfit": lambda: check_overfit(cfg),
         "batch": lambda: check_batch_independence(cfg),
@@ -229,10 +238,13 @@ def _run(cfg: Config, which: str, main: bool) -> int:
             "initial_loss": results["init"].value,
             "checks": {name: r.passed for name, r in results.items()},
             "passed": all(r.passed for r in results.values()),
+            **checked,
+            "data": _checked_data(work),
+            "finished": now_utc(),
         }
         if main:
             write_json_atomically(work / "summary.json", summary)  # for `report`
-        git = git_state()
+        git = checked["git"]
         commit = (git["commit"] or "none")[:12] + ("-dirty" if git["dirty"] else "")
         say(
             f"**Run:** {PROJECT} commit {commit}, config {work / 'resume' / 'uninterrupted' / 'run.json'}, "
@@ -244,7 +256,29 @@ def _run(cfg: Config, which: str, main: bool) -> int:
             "GPU util n/a, "
             f"data-loader time share {results['loader'].value:.1%}"
         )
+    if lock is not None:
+        lock.release()
     return 0 if all(r.passed for r in results.values()) else 1
+
+
+def _lock(work: Path, main: bool) -> RunLock | None:
+    """Rank 0's lock on the check folder (held until the checks end, or the process does); every
+    rank refuses together when another check holds it."""
+    lock, busy = None, None
+    if main:
+        work.mkdir(parents=True, exist_ok=True)
+        try:
+            lock = RunLock(work)
+        except RunFolderBusy as error:
+            busy = error
+    if any_rank_max(int(busy is not None)):  # decided once, before any check
+        raise busy or RunFolderBusy(f"{work} is in use by another check")
+    return lock
+
+
+def _checked_data(work: Path) -> dict:
+    """The data the checks ran on, as the resume check's run recorded it (Splits.describe())."""
+    return json.loads((work / "resume" / "uninterrupted" / "run.json").read_text())["data"]
 
 
 def sanity(summary: dict) -> str:

@@ -6,7 +6,14 @@ loss_findings.py (the loss curves) and loop_findings.py (loading, the schedule, 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime.records import RunRecordError, read_check_summary, read_metrics, read_record
+from ..runtime.records import (
+    RunRecordError,
+    check_summary_path,
+    checks_mismatch,
+    read_check_summary,
+    read_metrics,
+    read_record,
+)
 
 MIN_TRAIN_RECORDS = 5  # fewer logged train steps than this say nothing about a curve
 
@@ -55,7 +62,8 @@ class Run:
     record: dict  # run.json
     train: list[dict]  # metrics.jsonl's train records, in step order
     val: list[dict]
-    summary: dict | None  # the check summary beside the run, if `check all` wrote one
+    summary: dict | None  # the check summary beside the run, if `check all` checked this run's code and data
+    other_checks: str | None = None  # else what the last checks there ran on, if they ran
 
     @property
     def config(self) -> dict:
@@ -72,4 +80,13 @@ def load_run(run_dir: str) -> Run:
     except OSError as error:
         raise DiagnoseError(f"cannot read {path / 'metrics.jsonl'}: {error.strerror}") from None
     train = [r for r in metrics if r["split"] == "train"]
-    return Run(path, record, train, [r for r in metrics if r["split"] == "val"], read_check_summary(path))
+    val = [r for r in metrics if r["split"] == "val"]
+    summary = read_check_summary(path)
+    mismatch = checks_mismatch(summary, record) if summary is not None else None
+    if mismatch is None:
+        return Run(path, record, train, val, summary)
+    git = summary.get("git", {})
+    commit = (git.get("commit") or "none")[:12] + ("-dirty" if git.get("dirty") else "")
+    when = summary.get("finished", "at an unknown time")
+    other = f"the last checks ({check_summary_path(path)}, {when}, commit {commit}) ran on {mismatch}"
+    return Run(path, record, train, val, None, other)

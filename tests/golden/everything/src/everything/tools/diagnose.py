@@ -42,7 +42,10 @@ def config_change(before: Run, after: Run) -> str:
 
 
 def issues_fixed(before: Run, found_before: list[Finding], after: Run, found_after: list[Finding]):
-    """The output contract's `**Issues fixed:** <bug -> evidence -> fix>`, one a finding that went away."""
+    """The output contract's `**Issues fixed:** <bug -> evidence -> fix>`, one a finding that went away.
+    Only a run that ran its course fixes one: in a run stopped early, it may not have shown yet."""
+    if unfinished(after):
+        return []
     still = {f.name for f in found_after}
     fix = config_change(before, after)
     return [
@@ -50,6 +53,16 @@ def issues_fixed(before: Run, found_before: list[Finding], after: Run, found_aft
         for f in found_before
         if f.name not in still
     ]
+
+
+def unfinished(run: Run) -> str | None:
+    """Why `run` did not run its course (it has not finished, or a signal stopped it), or None."""
+    finished = run.record.get("finished")
+    if not finished:
+        return f"{run.dir} has not finished"
+    if finished.get("stopped_by"):
+        return f"{run.dir} was stopped by {finished['stopped_by']} at step {finished.get('step', '?')}"
+    return None
 
 
 def run_diagnose(run_dirs: list[str], as_json: bool = False) -> int:
@@ -70,9 +83,11 @@ def run_diagnose(run_dirs: list[str], as_json: bool = False) -> int:
         report["new"] += [{"run_dir": str(b.dir), "since": str(a.dir), "name": n} for n in new]
         fixed = issues_fixed(a, fa, b, fb)
         lines += fixed
+        if unfinished(b) and names_a - names_b:
+            lines.append(f"{', '.join(sorted(names_a - names_b))} not shown, but not fixed: {unfinished(b)}")
         report["fixed"] += [
             {"run_dir": str(b.dir), "since": str(a.dir), "name": f.name, "line": line}
-            for f, line in zip([f for f in fa if f.name not in names_b], fixed, strict=True)
+            for f, line in zip([f for f in fa if f.name not in names_b and fixed], fixed, strict=True)
         ]
     print(json.dumps(report, indent=2) if as_json else "\n".join(lines))
     return 1 if any(found) else 0

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..runtime.records import check_summary_path, read_metrics
 from .checks import sanity
-from .diagnose import diagnose, issues_fixed
+from .diagnose import diagnose, issues_fixed, unfinished
 from .findings import DiagnoseError, Run, load_run
 
 
@@ -70,7 +70,10 @@ def report(run_dir: str, since: str | None = None) -> str:
         lines.append(f"**Sanity:** {sanity(run.summary)} ({check_summary_path(run.dir)})")
         share = f"{run.summary['loader_share']:.1%}"
     else:
-        lines.append(f"**Sanity:** not checked yet: python -m {__package__.rpartition('.')[0]} check all")
+        why = "not checked yet"
+        if run.other_checks:
+            why = f"not checked on this run's code and data: {run.other_checks}"
+        lines.append(f"**Sanity:** {why}: python -m {__package__.rpartition('.')[0]} check all")
         share = "n/a"
     finished = record.get("finished")
     speed = f"{finished['examples_per_s']:,.0f} samples/s" if finished else "n/a (not finished)"
@@ -93,6 +96,8 @@ def issues(after: Run, before: Run | None) -> list[str]:
     lines = [f"**Issues found:** {'; '.join(f.line() for f in found)}"] if found else []
     if before is not None:
         fixed = issues_fixed(before, diagnose(before), after, found)
+        if unfinished(after):
+            fixed = [f"**Issues fixed:** not judged: {unfinished(after)}; compare a run that ran its course"]
         lines += fixed or [f"**Issues fixed:** none since {before.dir}"]
     return lines
 
