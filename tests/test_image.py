@@ -234,6 +234,17 @@ def test_inspect_data_counts_classes_sizes_modes_unreadable_and_draws_a_sheet(pr
     assert synthetic.returncode == 0, synthetic.stderr
     assert "classes: circle, cross, square, triangle" in synthetic.stdout
     assert "modes: L 128, P 128, RGB 128, RGBA 128" in synthetic.stdout  # real PNG files, read back
+    flips = "horizontal flips half the time (--no-flip for digits, text, road signs)"
+    assert (
+        f"augmentation in training: random crops of 35%-100% of the area (--crop-scale), {flips}"
+        in (synthetic.stdout)
+    )
+    unflipped = run(
+        project, "inspect-data", "--no-flip", "--crop-scale", "0.8", "--sheet", str(sheet)
+    )
+    assert "random crops of 80%-100% of the area (--crop-scale), no flips (--flip for photos" in (
+        unflipped.stdout
+    )
 
 
 def test_augmentation_is_the_same_for_any_number_of_workers(project):
