@@ -5,6 +5,7 @@ settings, and two checks never share their folder."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -17,13 +18,28 @@ SHORT = ("--max-steps", "12", "--eval-every", "6")  # options a check of the run
 
 
 @pytest.fixture(scope="module")
-def project(tmp_path_factory) -> Path:
+def checked(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess[str]]:
     """The default project with a run, then `check all` on the same code, data and settings."""
     project = render(tmp_path_factory.mktemp("c") / "demo")
     assert run(project, "train", "--run-dir", "runs/first", *SHORT).returncode == 0
     done = run(project, "check", "all")
     assert done.returncode == 0, done.stdout + done.stderr
-    return project
+    return project, done
+
+
+@pytest.fixture(scope="module")
+def project(checked) -> Path:
+    return checked[0]
+
+
+def test_each_check_says_on_stderr_what_it_is_doing_and_how_long_it_took(checked):
+    lines = checked[1].stderr.splitlines()
+
+    assert [line.split(":")[0] for line in lines] == [
+        f"check {name}" for name in ("overfit", "batch", "init", "loader", "resume") for _ in "ab"
+    ]
+    assert lines[0] == "check overfit: memorising one batch of 8 (at most 300 steps)..."
+    assert all(re.fullmatch(r"check \w+: done in \d+\.\d s", line) for line in lines[1::2])
 
 
 def sanity(project: Path, run_dir: str) -> str:

@@ -17,6 +17,8 @@ source, the data and the config. `report` shows a run's Sanity line only when th
 
 import json
 import math
+import sys
+import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
@@ -41,6 +43,13 @@ PADDING_CHECK_EXAMPLES = 64  # where examples are padded: the shortest and longe
 INIT_LOSS_FACTOR = 1.5  # the loss at init may differ from initial_loss() by this factor either way
 INIT_BATCHES = 4  # training batches averaged for the loss at initialisation
 CHECKS = ("overfit", "batch", "init", "loader", "resume")  # in the order `check all` runs them
+DOING = {  # what each check is doing, said on stderr as it starts: a long one is not a hung one
+    "overfit": f"memorising one batch of {OVERFIT_EXAMPLES} (at most {OVERFIT_MAX_STEPS} steps)",
+    "batch": "each example's gradient over a batch",
+    "init": f"the loss of {INIT_BATCHES} batches before any training",
+    "loader": "the loader alone, then training steps with it",
+    "resume": "a run, a copy resumed from its checkpoint, and their losses compared",
+}
 
 
 @dataclass
@@ -225,11 +234,15 @@ def _run(cfg: Config, which: str, main: bool) -> int:
         "loader": lambda: check_loader(cfg),
         "resume": lambda: CheckResult("resume", *resume_matches(cfg, work / "resume")),
     }
+    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if main else (lambda line: None)
     results = {}
     for name, check in checks.items():
         if which in (name, "all"):
+            started = time.perf_counter()
+            progress(f"check {name}: {DOING[name]}...")
             results[name] = check()
             say(results[name].line())
+            progress(f"check {name}: done in {time.perf_counter() - started:.1f} s")
     if which == "all":
         summary = {
             "overfit_loss": results["overfit"].value,
