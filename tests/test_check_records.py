@@ -114,3 +114,13 @@ def test_a_second_check_on_the_same_folder_is_refused_in_one_line(tmp_path):
         f"error: runs/check is in use by {lock.read_text().strip()}: wait for it to end, or train "
         "into another --run-dir"
     ]
+
+
+def test_a_check_refused_on_bad_data_leaves_no_folder_behind(tmp_path):
+    project = render(tmp_path / "demo")
+
+    done = run(project, "check", "all", "--data", "nowhere.csv")
+
+    assert done.returncode == 2
+    assert done.stderr.splitlines()[-1] == "error: nowhere.csv: no such file"
+    assert not (project / "runs").exists()

@@ -45,7 +45,7 @@ class RunLog:
         self._made: Path | None = None  # the outermost folder it made
         self._had: set[str] | None = None  # or else the names the run folder held before it
         try:  # fail before training, not at the first checkpoint
-            self._made = _make_folders(run_dir)
+            self._made = make_folders(run_dir)
             self._had = set(os.listdir(run_dir))
             self.lock = RunLock(run_dir)  # held until close(): one writer per run folder
             checkpoints.mkdir(exist_ok=True)
@@ -235,7 +235,7 @@ def now_utc() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
-def _make_folders(path: Path) -> Path | None:
+def make_folders(path: Path) -> Path | None:
     """Makes the folder `path` and its missing parents; returns the outermost one it made."""
     made = None
     for folder in [*reversed(path.parents), path]:

@@ -17,6 +17,7 @@ source, the data and the config. `report` shows a run's Sanity line only when th
 
 import json
 import math
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -24,13 +25,13 @@ from pathlib import Path
 
 import torch
 
-from ..config import Config
-from ..data import load_splits
+from ..config import Config, ConfigError
+from ..data import DataError, load_splits
 from ..model import compute_loss, initial_loss, overfit_target
 from ..runtime.distributed import all_reduce_sum, any_rank_max, init_distributed, run_as_processes
 from ..runtime.engine import Engine, setup, train_step
 from ..runtime.loader import EpochDataset
-from ..runtime.runlog import PROJECT, git_state, now_utc, source_digest, write_json_atomically
+from ..runtime.runlog import PROJECT, git_state, make_folders, now_utc, source_digest, write_json_atomically
 from ..runtime.stopping import RunFolderBusy, RunLock
 from .resume_check import resume_matches
 from .timing import LOADER_WARN_SHARE, time_loader
@@ -225,7 +226,9 @@ def _run(cfg: Config, which: str, main: bool) -> int:
     # What is checked, taken before the checks start: a commit made while they run is not theirs.
     checked = {"git": git_state(), "source_digest": source_digest(), "config": asdict(cfg)}
     checked["started"] = now_utc()
-    lock = _lock(work, main) if which in ("all", "resume") else None  # the checks that write there
+    writes = which in ("all", "resume")  # the checks that write in `work`, one at a time
+    made = make_folders(work) if main and writes else None  # the outermost folder made
+    lock = _lock(work, main) if writes else None
     checks = {  # the loader before resume, which pins one thread for exactness
         "overfit": lambda: check_overfit(cfg),
         "batch": lambda: check_batch_independence(cfg),
@@ -233,15 +236,12 @@ def _run(cfg: Config, which: str, main: bool) -> int:
         "loader": lambda: check_loader(cfg),
         "resume": lambda: CheckResult("resume", *resume_matches(cfg, work / "resume")),
     }
-    progress = (lambda line: print(line, file=sys.stderr, flush=True)) if main else (lambda line: None)
-    results = {}
-    for name, check in checks.items():
-        if which in (name, "all"):
-            started = time.perf_counter()
-            progress(f"check {name}: {DOING[name]}...")
-            results[name] = check()
-            say(results[name].line())
-            progress(f"check {name}: done in {time.perf_counter() - started:.1f} s")
+    try:
+        results = _run_each({name: check for name, check in checks.items() if which in (name, "all")}, main)
+    except (ConfigError, DataError):  # bad input leaves nothing behind
+        if made is not None:
+            shutil.rmtree(made, ignore_errors=True)
+        raise
     if which == "all":
         summary = {
             "overfit_loss": results["overfit"].value,
@@ -274,12 +274,27 @@ def _run(cfg: Config, which: str, main: bool) -> int:
     return 0 if all(r.passed for r in results.values()) else 1
 
 
+def _run_each(checks: dict, main: bool) -> dict[str, CheckResult]:
+    """Runs `checks` in order; rank 0 prints each one's line, and on stderr what it is doing as it
+    starts and how long it took."""
+    results = {}
+    for name, check in checks.items():
+        started = time.perf_counter()
+        if main:
+            print(f"check {name}: {DOING[name]}...", file=sys.stderr, flush=True)
+        results[name] = check()
+        if main:
+            print(results[name].line())
+            elapsed = time.perf_counter() - started
+            print(f"check {name}: done in {elapsed:.1f} s", file=sys.stderr, flush=True)
+    return results
+
+
 def _lock(work: Path, main: bool) -> RunLock | None:
     """Rank 0's lock on the check folder (held until the checks end, or the process does); every
     rank refuses together when another check holds it."""
     lock, busy = None, None
     if main:
-        work.mkdir(parents=True, exist_ok=True)
         try:
             lock = RunLock(work)
         except RunFolderBusy as error:
