@@ -160,7 +160,8 @@ def run_copier(template: Path, rendered: Path, data: dict[str, Any], *, ask: boo
         refused = _compat.answer_error(err)
         if refused is None:
             raise ScaffoldError(f"the template failed to render: {err}") from None
-        raise InvalidAnswerError(_answer_error_message(refused, template, data)) from None
+        message = _answer_error_message(refused, template, data)
+        raise InvalidAnswerError(message, refused.question, refused.detail) from None
 
 
 def _answer_error_message(
