@@ -20,6 +20,11 @@ class UsageError(ScaffoldError):
 class InvalidAnswerError(UsageError):
     """An answer is not one of the question's choices, fails its validator, or mixes badly."""
 
+    def __init__(self, message: str, question: str | None = None, reason: str = "") -> None:
+        super().__init__(message)
+        self.question = question  # the refused question, where copier named it
+        self.reason = reason  # copier's reason, without the question or the value
+
 
 class DestinationError(UsageError):
     """The destination cannot take a new project without losing what is there."""

@@ -32,6 +32,9 @@ from scaffold.git import commit_first_render
 from scaffold.interrupts import signals_deferred, sigterm_raises_keyboard_interrupt
 from scaffold.questions import asked_questions, load_questions, machine_facts, template_dir
 
+# The longest path the system takes, counting the closing NUL byte.
+_PATH_MAX = os.pathconf("/", "PC_PATH_MAX") if hasattr(os, "pathconf") else 260
+
 
 @dataclass(frozen=True)
 class NewProject:
@@ -62,7 +65,7 @@ def new_project(
     data.update(machine_facts())
     existing = _check_destination(dest, force)
 
-    ancestor = next(p for p in dest.parents if p.is_dir())
+    ancestor = _nearest_folder(dest)
     staging: Path | None = None
     try:
         with sigterm_raises_keyboard_interrupt():
@@ -160,7 +163,8 @@ def run_copier(template: Path, rendered: Path, data: dict[str, Any], *, ask: boo
         refused = _compat.answer_error(err)
         if refused is None:
             raise ScaffoldError(f"the template failed to render: {err}") from None
-        raise InvalidAnswerError(_answer_error_message(refused, template, data)) from None
+        message = _answer_error_message(refused, template, data)
+        raise InvalidAnswerError(message, refused.question, refused.detail) from None
 
 
 def _answer_error_message(
@@ -181,16 +185,30 @@ def _check_destination(dest: Path, force: bool) -> bool:
     """Whether `dest` already holds files; raises if it cannot take the project."""
     if dest == dest.parent:
         raise DestinationError(f"{dest} cannot be a project folder")
-    ancestor = next(p for p in dest.parents if p.is_dir())
+    ancestor = _nearest_folder(dest)
     longest = os.pathconf(ancestor, "PC_NAME_MAX") if hasattr(os, "pathconf") else 255
-    for part in dest.relative_to(ancestor).parts:
+    parts = dest.relative_to(ancestor).parts
+    for part in parts:
         if len(os.fsencode(part)) > longest:
             raise DestinationError(
                 f"the folder name {part[:20]}... is {len(os.fsencode(part))} bytes, longer than"
                 f" this file system allows ({longest}): choose a shorter DEST"
             )
+    size = len(os.fsencode(dest))
+    if size >= _PATH_MAX:  # every later look at DEST would fail with "File name too long"
+        raise DestinationError(
+            f"DEST is {size} bytes long as a full path, longer than this system allows"
+            f" ({_PATH_MAX - 1}): choose a shorter DEST"
+        )
+    if len(parts) > 1 and os.path.lexists(ancestor / parts[0]):
+        raise DestinationError(f"{ancestor / parts[0]} is not a folder: DEST cannot be inside it")
+    # The render is staged in `ancestor`, then moved from there into DEST.
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise DestinationError(f"cannot write in {ancestor}: choose a DEST you can write in")
     if dest.exists() and not dest.is_dir():
         raise DestinationError(f"{dest} exists and is not a folder")
+    if dest.is_dir() and not os.access(dest, os.W_OK | os.X_OK):
+        raise DestinationError(f"cannot write in {dest}: choose a DEST you can write in")
     existing = dest.is_dir() and any(dest.iterdir())
     if existing and not force:
         raise DestinationError(
@@ -198,6 +216,18 @@ def _check_destination(dest: Path, force: bool) -> bool:
             "project's files to it (no existing file is changed)"
         )
     return existing
+
+
+def _nearest_folder(dest: Path) -> Path:
+    """The deepest existing folder above `dest`, where its missing folders are made."""
+    return next(parent for parent in dest.parents if _is_folder(parent))
+
+
+def _is_folder(path: Path) -> bool:
+    try:
+        return path.is_dir()
+    except OSError:  # a name too long for the file system, a folder we may not look in
+        return False
 
 
 def _move_into_place(rendered: Path, dest: Path, existing: bool) -> list[Path]:

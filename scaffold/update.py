@@ -25,12 +25,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from scaffold import __version__, git
-from scaffold.errors import ScaffoldError, UsageError
+from scaffold.errors import InvalidAnswerError, ScaffoldError, UsageError
 from scaffold.git import PRISTINE_BRANCH
 from scaffold.questions import (
+    Question,
     answers_file,
     asked_questions,
+    load_questions,
     machine_facts,
     package_name,
     project_answers,
@@ -39,6 +43,8 @@ from scaffold.questions import (
 from scaffold.render import parse_answers, run_copier
 
 _PRISTINE_REF = f"refs/heads/{PRISTINE_BRANCH}"
+# How to mend a damaged answers file: the pristine branch holds the one the last render wrote.
+_RESTORE = f"restore it from git ({PRISTINE_BRANCH} holds the last render's copy)"
 
 
 @dataclass(frozen=True)
@@ -63,19 +69,26 @@ def update_project(
     The render takes the project's saved answers, changed by `answers`; questions the project
     was never asked take their defaults. Raises a `ScaffoldError`, having changed nothing, when
     the project cannot be updated (not a scaffold project in git, uncommitted changes, a merge
-    in progress, an invalid answer). Conflicts are not an error: the returned status says so.
+    in progress, a damaged answers file, an invalid answer). Conflicts are not an error: the
+    returned status says so.
     """
     project = Path(os.path.realpath(project))
     template = template or template_dir()
     changes = parse_answers(answers or {}, template)
     _check_repository(project, template)
     previous = _pristine_tip(project)
-    saved = _saved_answers(project, template)
+    saved = _saved_answers(project, template, previous, changes)
     data = {**saved, **changes}
 
     with tempfile.TemporaryDirectory(prefix="scaffold-update-") as scratch:
         rendered = Path(scratch) / project.name
-        worker = run_copier(template, rendered, {**data, **_machine_facts(data)}, ask=False)
+        try:
+            worker = run_copier(template, rendered, {**data, **_machine_facts(data)}, ask=False)
+        except InvalidAnswerError as err:
+            if changes or err.question not in saved:  # a flag may have made the mix invalid
+                raise
+            question = load_questions(template)[err.question]
+            raise _damaged(project, template, question, saved[question.name], err.reason) from None
         tree = git.store_tree(project, rendered, index=Path(scratch) / "index")
     now = worker.answers.combined
     changed = {
@@ -143,10 +156,75 @@ def _pristine_tip(project: Path) -> str:
     return tip
 
 
-def _saved_answers(project: Path, template: Path) -> dict[str, Any]:
-    """The project's recorded answers to the questions `template` still asks."""
+def _saved_answers(
+    project: Path, template: Path, previous: str, changes: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The project's recorded answers to the questions `template` still asks, checked.
+
+    The rule: each answer the last pristine render (`previous`) recorded must still be in the
+    answers file, and each saved answer that no flag replaces must be a value its question
+    takes (copier then runs the validators). A missing answer would quietly take its default:
+    a regression project read as classification has its data and model rewritten and its
+    tracker dropped. Only questions the template added since that render take their defaults.
+    That render's record is the reference because nobody edits the pristine branch; when it
+    cannot be read, every question the template asks needs an answer.
+    """
+    path = project / answers_file(template)
     recorded = project_answers(project, template)
-    return {q.name: recorded[q.name] for q in asked_questions(template) if q.name in recorded}
+    asked = {q.name: q for q in asked_questions(template)}
+    answered = _answered_by(project, previous, template)
+    needed = [name for name in asked if name in answered]
+    missing = [name for name in needed if name not in recorded]
+    if missing:
+        what = "no answers" if missing == needed else f"no answer for {', '.join(missing)}"
+        raise UsageError(f"{path} has {what}: {_RESTORE}, then run again")
+    saved = {name: recorded[name] for name in asked if name in recorded}
+    for name, value in saved.items():
+        reason = None if name in changes else _not_taken(asked[name], value)
+        if reason:
+            raise _damaged(project, template, asked[name], value, reason)
+    return saved
+
+
+def _damaged(
+    project: Path, template: Path, question: Question, value: Any, reason: str
+) -> UsageError:
+    """The refusal of a saved answer that `question` does not take."""
+    flag = question.flag
+    if question.type == "bool":
+        flag += f"/--no-{flag.removeprefix('--')}"
+    return UsageError(
+        f"{project / answers_file(template)} has {question.name}: {value!r} ({reason}): "
+        f"{_RESTORE} or pass {flag}, then run again"
+    )
+
+
+def _answered_by(project: Path, render: str, template: Path) -> set[str]:
+    """The questions the answers file of the pristine `render` answers (all: unreadable)."""
+    shown = git.run(project, "show", f"{render}:{answers_file(template)}", check=False)
+    try:
+        answers = yaml.safe_load(shown.stdout) if shown.returncode == 0 else None
+    except yaml.YAMLError:
+        answers = None
+    asked = {q.name for q in asked_questions(template)}
+    return set(answers) & asked if isinstance(answers, dict) else asked
+
+
+def _not_taken(question: Question, value: Any) -> str | None:
+    """Why `question` does not take `value` (its validator aside), or None."""
+    if value is None:
+        return "no value"
+    if question.choices:
+        if value in question.values:
+            return None
+        return f"not one of {', '.join(map(str, question.values))}"
+    if question.type == "bool" and not isinstance(value, bool):
+        return "not true or false"
+    if question.type == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        return "not a whole number"
+    if question.type == "str" and not isinstance(value, str):
+        return "not text"
+    return None
 
 
 def _machine_facts(data: Mapping[str, Any]) -> dict[str, Any]:

@@ -379,6 +379,52 @@ def test_a_dest_name_longer_than_the_file_system_allows_is_one_line(scaffold, ta
     tally[SUITE]["refused in one line, nothing written"] += 1
 
 
+# DEST (under tmp_path) and the one line that refuses it: each was a traceback.
+BAD_DESTS = {
+    "a 5,000-byte folder name": ("x" * 5000, "the folder name xxxxxxxxxxxxxxxxxxxx... is 5000"),
+    "a 300-byte folder above DEST": (
+        "y" * 300 + "/demo",
+        "the folder name yyyyyyyyyyyyyyyyyyyy...",
+    ),
+    "a 5,000-byte path of short names": ("/".join(["abcdefghi"] * 500), "DEST is 5"),
+    "inside a file": ("a-file/demo", "{tmp}/a-file is not a folder: DEST cannot be inside it"),
+    "deeper inside a file": ("a-file/sub/demo", "{tmp}/a-file is not a folder: DEST cannot"),
+}
+
+
+@pytest.mark.parametrize("dest, refusal", BAD_DESTS.values(), ids=BAD_DESTS)
+def test_a_dest_that_cannot_be_made_is_one_line(scaffold, tally, tmp_path, dest, refusal):
+    tally[SUITE]["inputs tried"] += 1
+    (tmp_path / "a-file").write_text("mine\n")
+    before = snapshot(tmp_path)
+    ran = scaffold("new", f"{tmp_path}/{dest}", "--defaults")
+    assert ran.exit_code == 2 and len(ran.stderr_lines) == 1, ran.stderr
+    assert ran.stderr.startswith("error: " + refusal.format(tmp=tmp_path)), ran.stderr
+    assert snapshot(tmp_path) == before
+    tally[SUITE]["refused in one line, nothing written"] += 1
+
+
+@pytest.mark.parametrize("dest", ["demo", "sub/demo", "."], ids=["in", "below", "itself"])
+def test_a_dest_in_a_folder_without_write_permission_is_one_line(scaffold, tally, tmp_path, dest):
+    """`.`: a read-only folder that already holds files, with --force."""
+    tally[SUITE]["inputs tried"] += 1
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    (locked / "notes.txt").write_text("mine\n")
+    locked.chmod(0o555)
+    try:
+        if os.access(locked, os.W_OK):
+            pytest.skip("this user writes in read-only folders (root)")
+        before = snapshot(tmp_path)
+        ran = scaffold("new", locked / dest, "--defaults", "--force")
+        assert ran.exit_code == 2 and len(ran.stderr_lines) == 1, ran.stderr
+        assert ran.stderr.startswith(f"error: cannot write in {locked}: choose a DEST you can")
+        assert snapshot(tmp_path) == before
+    finally:
+        locked.chmod(0o755)
+    tally[SUITE]["refused in one line, nothing written"] += 1
+
+
 def test_a_damaged_answers_file_is_one_line_before_update(scaffold, tally, tmp_path):
     """It was a 91-line YAML traceback."""
     tally[SUITE]["inputs tried"] += 1

@@ -22,7 +22,7 @@ from conftest import checks_passed, snapshot
 from scaffold import update
 from scaffold.errors import ScaffoldError
 from scaffold.git import PRISTINE_BRANCH
-from scaffold.questions import load_questions, machine_facts, template_dir
+from scaffold.questions import _copier_yml, load_questions, machine_facts, template_dir
 from scaffold.render import new_project
 
 # Answers pinned so that a GPU machine's defaults do not change what an update changes.
@@ -402,6 +402,74 @@ def test_bad_answer_is_refused_and_changes_nothing(scaffold, tmp_path, args):
 
     assert ran.exit_code == 2 and len(ran.stderr_lines) == 1, ran.stderr
     assert snapshot(project) == before
+
+
+@pytest.fixture(scope="module")
+def regression_project(tmp_path_factory):
+    """A committed regression project with a tracker: what a default render would rewrite."""
+    project = tmp_path_factory.mktemp("regression") / "demo"
+    new_project(project, {"task": "regression", "tracker": "tensorboard", "device": "cpu"})
+    return project
+
+
+def _without(*names):
+    return lambda answers: {k: v for k, v in answers.items() if k not in names}
+
+
+# The damage, and the start of the one line that refuses it (after "error: <answers file> ").
+DAMAGED_ANSWERS = {
+    "empty": ("", "has no answers: restore it from git"),
+    "only a comment": ("# answers\n", "has no answers: restore it from git"),
+    "no task": (_without("task"), "has no answer for task: restore it from git"),
+    "no task or tracker": (_without("task", "tracker"), "has no answer for task, tracker:"),
+    "task left empty": ({"task": None}, "has task: None (no value): restore it from git"),
+    "task misspelt": ({"task": "regresion"}, "has task: 'regresion' (not one of classification,"),
+    "compile not a bool": ({"compile": "maybe"}, "has compile: 'maybe' (not true or false)"),
+    "refused by a validator": (
+        {"grad_accum_steps": 0},
+        "has grad_accum_steps: 0 (must be a whole number >= 1): restore it from git",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", DAMAGED_ANSWERS.values(), ids=DAMAGED_ANSWERS)
+def test_damaged_answers_file_is_refused_and_changes_nothing(
+    scaffold, tmp_path, regression_project, damage
+):
+    """A missing answer was read as its default: a regression project's data.py and model.py
+    became classification's and tracking.py was deleted, in a conflicting merge."""
+    text, refusal = damage
+    project = tmp_path / "demo"
+    shutil.copytree(regression_project, project, symlinks=True)
+    answers = project / ".copier-answers.yml"
+    if callable(text):
+        text = yaml.safe_dump(text(saved_answers(project)))
+    elif isinstance(text, dict):
+        text = yaml.safe_dump({**saved_answers(project), **text})
+    answers.write_text(text)
+    git(project, "-c", "user.name=O", "-c", "user.email=o@o", "commit", "-qam", "damage")
+    before = snapshot(project), git(project, "status", "--porcelain"), git(project, "branch", "-av")
+
+    ran = scaffold("update", project)
+
+    assert ran.exit_code == 2 and len(ran.stderr_lines) == 1, ran.stderr
+    assert ran.stderr.startswith(f"error: {answers} {refusal}"), ran.stderr
+    after = snapshot(project), git(project, "status", "--porcelain"), git(project, "branch", "-av")
+    assert after == before
+
+
+def test_question_added_since_the_last_render_takes_its_default(tmp_path, template):
+    """Only the answers the last render recorded are required: a newer template's questions
+    are not in an older project's answers file, and must not make it look damaged."""
+    project = new_project(tmp_path / "demo", {"device": "cpu"}, template=template).path
+    with (template / "copier.yml").open("a") as copier_yml:
+        copier_yml.write("\nlicense:\n  type: str\n  help: License\n  default: MIT\n")
+    _copier_yml.cache_clear()  # the copy's questions were read before this one was added
+
+    result = update.update_project(project, template=template)
+
+    assert result.status == "merged" and result.changed_answers == {"license": (None, "MIT")}
+    assert saved_answers(project)["license"] == "MIT"
 
 
 def test_project_without_git_is_refused(scaffold, tmp_path):
