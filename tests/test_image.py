@@ -99,6 +99,19 @@ def test_every_mode_trains_resumes_and_predicts_named_classes(project, tmp_path)
     line = predicted.stdout.strip()
     assert line.startswith(f"{picture}: ") and {"left", "right"} <= set(line.split()), line
 
+    # A missing file and a file that is no image get a line each; the good one is still predicted.
+    notes = tmp_path / "notes.png"
+    notes.write_text("not pixels\n")
+    missing = tmp_path / "gone.png"
+    batch = (str(missing), str(notes), str(picture))
+    predicted = run(project, "predict", *batch, "--checkpoint", str(best))
+    assert predicted.returncode == 2, predicted.stdout + predicted.stderr
+    assert predicted.stdout.startswith(f"{picture}: ") and predicted.stdout.count("\n") == 1
+    assert predicted.stderr.splitlines() == [
+        f"error: {missing}: no such file",
+        f"error: {notes}: not an image Pillow can decode (cannot identify image file '{notes}')",
+    ]
+
 
 def test_a_manifest_trains_with_paths_relative_to_it(project, tmp_path):
     data = _folders(tmp_path / "m" / "images")
@@ -126,6 +139,18 @@ def test_a_manifest_trains_with_paths_relative_to_it(project, tmp_path):
 def _empty(root: Path) -> tuple[Path, str]:
     root.mkdir()
     return root, "no class folders"
+
+
+def _images_without_class_folders(root: Path) -> tuple[Path, str]:
+    for i in range(3):
+        _image(root / f"{i}.png", "RGB")
+    return root, f"{root}: no class folders (3 files directly in it)"
+
+
+def _an_image_file(root: Path) -> tuple[Path, str]:
+    _folders(root)
+    path = root / "left" / "000.png"
+    return path, f"{path}: a file: expected a folder of class folders or a manifest .csv"
 
 
 def _class_without_images(root: Path) -> tuple[Path, str]:
@@ -181,6 +206,8 @@ def _manifest_without_label(root: Path) -> tuple[Path, str]:
     "make",
     [
         _empty,
+        _images_without_class_folders,
+        _an_image_file,
         _class_without_images,
         _not_an_image,
         _truncated,

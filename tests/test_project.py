@@ -271,8 +271,17 @@ def test_learns_a_csv_and_an_npz_file(project, tmp_path):
         ("a,b,label\n1,2,0\n3,4,1.5\n", "label of example 1 is 1.5"),
         ("", "bad.csv: need a header row"),
         (b"a,b,label\n1,2,\xff\n", "bad.csv: not UTF-8"),
+        (
+            "a,b,label\n1,2,3\n3,4,3\n",
+            "bad.csv: one class only (label 3): a classifier needs two or more",
+        ),
+        (
+            "1,2,0\n3,4,1\n",
+            "bad.csv:1: every field is a number: the file needs a header row naming its columns, "
+            "the label last",
+        ),
     ],
-    ids=["text-cell", "fractional-label", "empty", "not-utf8"],
+    ids=["text-cell", "fractional-label", "empty", "not-utf8", "one-class", "no-header"],
 )
 def test_malformed_csv_is_named_before_training(project, tmp_path, content, expected):
     path = tmp_path / "bad.csv"
@@ -281,6 +290,13 @@ def test_malformed_csv_is_named_before_training(project, tmp_path, content, expe
     assert done.returncode == 2
     assert expected in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) == 1
+
+
+def test_a_folder_for_a_file_is_named_as_a_folder(project, tmp_path):
+    done = run(project, "train", "--data", tmp_path, "--run-dir", tmp_path / "r")
+    assert done.returncode == 2
+    assert done.stderr == f"error: {tmp_path}: a folder, not a file: expected a .npz or .csv file\n"
+    assert not (tmp_path / "r").exists()
 
 
 def test_an_npz_without_labels_is_named(project, tmp_path):

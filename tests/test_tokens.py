@@ -248,6 +248,15 @@ def test_a_corpus_smaller_than_a_block_and_a_damaged_folder_are_refused(project,
     train = ("train", "--data", folder, "--run-dir", tmp_path / "run", *TINY, "--max-steps", "2")
     _one_line_exit_2(run(project, *train), "windows of 16")
     assert not (tmp_path / "run" / "metrics.jsonl").exists()
+    again = prepare(project, "--data", folder, "--out", tmp_path / "again")
+    _one_line_exit_2(
+        again, f"{folder}: already prepared (it holds meta.json): `train --data {folder}`"
+    )
+    one_file = ("train", "--data", folder / "train.bin", "--run-dir", tmp_path / "run")
+    _one_line_exit_2(
+        run(project, *one_file),
+        f"a file of a folder `prepare` wrote: pass the folder, --data {folder}",
+    )
 
     meta = json.loads((folder / "meta.json").read_text())
     (folder / "meta.json").write_text(
@@ -258,6 +267,24 @@ def test_a_corpus_smaller_than_a_block_and_a_damaged_folder_are_refused(project,
     _one_line_exit_2(run(project, *train), "no dtype")
     (folder / "meta.json").unlink()
     _one_line_exit_2(run(project, *train), "no meta.json")
+
+
+def test_train_refuses_what_prepare_reads_and_points_to_prepare(project, tmp_path):
+    """Read as characters, a .jsonl would teach the JSON syntax: train refuses it, and a folder of
+    .txt files, naming the two commands that train on them."""
+    lines = tmp_path / "docs.jsonl"
+    lines.write_text('{"text": "a document"}\n' * 200)
+    (tmp_path / "texts").mkdir()
+    (tmp_path / "texts" / "a.txt").write_text("some text\n" * 200)
+    for data, found in (
+        (lines, "a .jsonl is for `prepare`"),
+        (tmp_path / "texts", "a folder of .txt files"),
+    ):
+        done = run(project, "train", "--data", data, "--run-dir", tmp_path / "run", *TINY)
+        _one_line_exit_2(
+            done, f"{data}: {found}", f"`prepare --data {data} --out DIR`, then `train --data DIR`"
+        )
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_vocabulary_past_uint16_writes_uint32_tokens_that_train_and_decode(project, tmp_path):

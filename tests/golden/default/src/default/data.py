@@ -136,6 +136,8 @@ TARGET_NAME = "label"
 
 def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
     """Reads features (N, F) as float32 and targets (N,) from a .npz or .csv file."""
+    if path.is_dir():
+        raise DataError(f"{path}: a folder, not a file: expected a .npz or .csv file")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     if path.suffix == ".npz":
@@ -170,6 +172,11 @@ def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
     if len(rows) < 2:
         raise DataError(f"{path}: need a header row and at least one example")
     header, values = rows[0], []
+    if all(_is_number(cell) for cell in header):  # read as names, it would lose the first example
+        raise DataError(
+            f"{path}:1: every field is a number: the file needs a header row naming its columns, "
+            f"the {TARGET_NAME} last"
+        )
     for line, row in enumerate(rows[1:], start=2):
         if len(row) != len(header):
             raise DataError(f"{path}:{line}: {len(row)} fields, the header has {len(header)}")
@@ -236,6 +243,8 @@ def _targets(path: Path, y: np.ndarray) -> np.ndarray:
     bad = np.nonzero((y != np.round(y)) | (y < 0))[0]
     if len(bad):
         raise DataError(f"{path}: label of example {bad[0]} is {y[bad[0]]}; labels must be integers >= 0")
+    if len(np.unique(y)) == 1:  # it would train to accuracy 1.0 and learn nothing
+        raise DataError(f"{path}: one class only (label {int(y[0])}): a classifier needs two or more")
     if y.max() >= len(y):  # more classes than examples: a typo, not a data set
         row = int(np.argmax(y))
         raise DataError(f"{path}: label of example {row} is {int(y[row])}, more classes than examples")

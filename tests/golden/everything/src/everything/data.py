@@ -173,6 +173,8 @@ def example_data(n: int = 4096) -> tuple[np.ndarray, np.ndarray]:
 def read_pairs(path: Path) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Inputs x (rows, F) and targets y (rows,) from a .npz, as float32, and the lengths (N,) of
     its sequences where it holds them (None: each row an example)."""
+    if path.is_dir():
+        raise DataError(f"{path}: a folder, not a file: expected a .npz file with arrays x and y")
     if not path.is_file():
         raise DataError(f"{path}: no such file")
     if path.suffix != ".npz":
