@@ -1114,6 +1114,29 @@ def test_damaged_run_records_are_repaired_on_resume_and_named_by_report(
     assert run(project, "report", run_dir).returncode == 0
 
 
+def test_a_last_metrics_line_cut_off_is_named_by_report_and_dropped_by_the_resume_saying_so(
+    project, reference, tmp_path, tally
+):
+    """A record cut off mid-write (a crash) was dropped on resume without a word."""
+    run_dir = copy_of(reference, tmp_path)
+    (run_dir / "checkpoints" / "step-00000080.pt").unlink()  # as if it crashed writing step 80's
+    path = run_dir / "metrics.jsonl"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 30])  # the last record, step 80's validation, cut short
+    last = len(data.splitlines())
+    tally[SUITE]["inputs tried"] += 1
+
+    shown = run(project, "report", run_dir)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stderr == f"warning: {path}: its last line ({last}), cut off mid-write, skipped\n"
+    done = train(project, run_dir)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == f"warning: {path}: its last line ({last}), cut off mid-write, dropped\n"
+    assert resumed_from(done.stdout) == (str(run_dir / "checkpoints" / "step-00000070.pt"), 70)
+    assert same_records(run_dir, reference, tally)
+
+
 @pytest.mark.slow
 def test_a_deleted_metrics_file_is_named_by_report_and_by_the_resume(project, tmp_path, tally):
     """The resume went on silently without the records it had lost."""
