@@ -925,13 +925,31 @@ def test_a_finished_run_says_it_is_complete_and_a_raised_max_steps_extends_it_sm
         (("--device", "cuda:abc"), "device must be cpu, cuda or mps"),
         (("--lr", "inf"), "lr must be a finite number > 0, got inf"),
         (("--lr", "nan"), "lr must be a finite number > 0, got nan"),
+        (
+            ("--warmup-steps", "100000", "--max-steps", "20"),
+            "--warmup-steps 100000 must be below --max-steps 20, or the run ends inside its warmup",
+        ),
+        (
+            ("--warmup-steps", str(MAX_STEPS)),
+            f"--warmup-steps {MAX_STEPS} must be below --max-steps",
+        ),
     ],
-    ids=["seed-negative", "seed-too-big", "device-unparseable", "lr-inf", "lr-nan"],
+    ids=[
+        "seed-negative",
+        "seed-too-big",
+        "device-unparseable",
+        "lr-inf",
+        "lr-nan",
+        "warmup-past-the-end",
+        "warmup-at-the-end",
+    ],
 )
 def test_a_bad_option_is_one_line_and_nothing_is_written(
     project, tmp_path, tally, option, expected
 ):
-    """--seed -1 and --device cuda:abc were tracebacks, --lr inf trained; now refused up front."""
+    """--seed -1 and --device cuda:abc were tracebacks, --lr inf trained, and so did a warmup past
+    the run's end; now refused up front. The default warmup (100 steps) is not held to that: the
+    reference run trains MAX_STEPS (80) steps with it."""
     tally[SUITE]["inputs tried"] += 1
     run_dir = tmp_path / "run"
     done = train(project, run_dir, *option)
