@@ -13,6 +13,7 @@ import contextlib
 import io
 import itertools
 import json
+import math
 import os
 import random
 import re
@@ -889,32 +890,121 @@ def test_a_resume_that_changes_the_learning_rate_is_refused_naming_it(
     assert run_files(copy) == before
 
 
+WARM = ("--warmup-steps", "10")  # the cosine decay from step 10 to min_lr at step MAX_STEPS
+PEAK_LR, MIN_LR = 3e-3, 3e-4  # the classification project's defaults
+
+
+@pytest.fixture(scope="module")
+def decaying(project) -> Path:
+    """A finished run with WARM: its decay is under way when a resume changes --max-steps."""
+    run_dir = project / "runs" / "decaying"
+    done = train(project, run_dir, *WARM)
+    assert done.returncode == 0, done.stderr
+    return run_dir
+
+
+def cosine_lr(step: int, max_steps: int, warmup: int = 10) -> float:
+    """optim.lr_factor's learning rate for step `step` (counted from 1) of a plan of max_steps."""
+    progress = (step - 1 - warmup) / (max_steps - warmup)
+    return MIN_LR + (PEAK_LR - MIN_LR) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
 def test_a_finished_run_says_it_is_complete_and_a_raised_max_steps_extends_it_smoothly(
-    project, tmp_path, tally
+    project, decaying, tmp_path, tally
 ):
     """Raising --max-steps on a finished run made the learning rate jump (the cosine decay was
     re-planned over the new length). The decay keeps its planned horizon; steps past it train at
     min_lr."""
-    run_dir = tmp_path / "run"
-    warm = ("--warmup-steps", "10")  # decaying from step 10 to min_lr at step 80
-    assert train(project, run_dir, *warm).returncode == 0
+    run_dir = copy_of(decaying, tmp_path)
     before = run_files(run_dir)
     tally[SUITE]["inputs tried"] += 2
-    done = train(project, run_dir, *warm)
+    done = train(project, run_dir, *WARM)
     assert done.returncode == 0, done.stderr
     assert (
         f"{run_dir} is complete at step {MAX_STEPS}: raise --max-steps to train on" in done.stdout
     )
     assert run_files(run_dir) == before  # nothing rewritten
 
-    longer = train(project, run_dir, *warm, "--max-steps", str(MAX_STEPS + 20))
+    longer = train(project, run_dir, *WARM, "--max-steps", str(MAX_STEPS + 20))
     assert longer.returncode == 0, longer.stderr
     lrs = {r["step"]: r["lr"] for r in records(run_dir) if r["split"] == "train"}
     assert sorted(lrs) == list(range(1, MAX_STEPS + 21))
-    floor = 3e-4  # min_lr
-    assert lrs[MAX_STEPS - 1] > lrs[MAX_STEPS] > floor  # still decaying at the planned end
+    assert lrs[MAX_STEPS - 1] > lrs[MAX_STEPS] > MIN_LR  # still decaying at the planned end
     after = [lrs[s] for s in range(MAX_STEPS + 1, MAX_STEPS + 21)]
-    assert after == pytest.approx([floor] * 20), lrs  # on at the floor: no jump up
+    assert after == pytest.approx([MIN_LR] * 20), lrs  # on at the floor: no jump up
+
+
+def test_a_lowered_max_steps_replans_the_decay_says_so_and_resumes_exactly(
+    project, decaying, tmp_path, tally
+):
+    """A lower --max-steps was accepted silently and the decay kept its old horizon: the last step
+    trained at most of the peak rate. Now the decay is re-planned to end there, from the first
+    resumed step, and a resume of that session with the same command is still exact."""
+    run_dir = copy_of(decaying, tmp_path)
+    for step in (70, 80):  # resumed at step 60 of the 80 planned
+        (run_dir / "checkpoints" / f"step-{step:08d}.pt").unlink()
+    shorter = (*WARM, "--max-steps", "70", "--ckpt-every", "5")
+    tally[SUITE]["inputs tried"] += 2
+
+    done = train(project, run_dir, *shorter)
+
+    assert done.returncode == 0, done.stderr
+    said = "schedule: --max-steps 70 re-plans the cosine decay to end there, not at step 80"
+    assert said in done.stdout.splitlines(), done.stdout
+    lrs = {r["step"]: r["lr"] for r in records(run_dir) if r["split"] == "train"}
+    planned = {r["step"]: r["lr"] for r in records(decaying) if r["split"] == "train"}
+    assert [lrs[s] for s in range(1, 61)] == [planned[s] for s in range(1, 61)]
+    replanned = [lrs[s] for s in range(61, 71)]
+    assert replanned == pytest.approx([cosine_lr(s, 70) for s in range(61, 71)])
+    assert replanned[0] < 0.6 * planned[61]  # stepped down at once, from the first resumed step
+
+    again = copy_of(run_dir, tmp_path / "again")  # stopped after step 65's checkpoint
+    (again / "checkpoints" / "step-00000070.pt").unlink()
+    resumed = train(project, again, *shorter)
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed_from(resumed.stdout) == (str(again / "checkpoints" / "step-00000065.pt"), 65)
+    assert "schedule:" not in resumed.stdout  # planned for 70 since step 60
+    assert (again / "metrics.jsonl").read_bytes() == (run_dir / "metrics.jsonl").read_bytes()
+
+
+def test_a_max_steps_below_the_step_reached_is_refused(project, reference, tmp_path, tally):
+    """It said the run was complete (a run stopped at step 60 of 80 resumed with --max-steps 50),
+    or trained on; now it is one line, and nothing is written."""
+    copy = copy_of(reference, tmp_path)
+    before = run_files(copy)
+    tally[SUITE]["inputs tried"] += 1
+    done = train(project, copy, "--max-steps", "50")
+    assert is_clean_error(done, code=2), done.stderr
+    assert done.stderr == (
+        f"error: {copy} is at step 80 (of 80 planned), past --max-steps 50: give --max-steps 80"
+        " or more, or start over in a new --run-dir\n"
+    )
+    assert run_files(copy) == before
+
+
+def test_deleted_checkpoints_are_refused_and_a_run_never_checkpointed_starts_again(
+    project, reference, tmp_path, tally
+):
+    """A run folder whose checkpoints/ was deleted started again at step 0, overwriting its records.
+    A run killed before its first checkpoint (checkpoints/ there, empty) still starts again."""
+    copy = copy_of(reference, tmp_path)
+    shutil.rmtree(copy / "checkpoints")
+    before = run_files(copy)
+    tally[SUITE]["inputs tried"] += 2
+    done = train(project, copy)
+    assert is_clean_error(done, code=2), done.stderr
+    missing = f"{copy / 'checkpoints'} is missing, so the run in {copy} cannot resume"
+    assert done.stderr == f"error: {missing}: start over in a new --run-dir\n"
+    assert run_files(copy) == before and not (copy / "checkpoints").exists()
+
+    run_dir, short = tmp_path / "killed", ("--max-steps", "12")
+    first_save = {"at": "replace", "match": "step-", "nth": 1, "do": "kill"}
+    assert train(project, run_dir, *short, fault=first_save).returncode == -signal.SIGKILL
+    assert (run_dir / "run.json").exists() and not step_files(run_dir)
+    again = train(project, run_dir, *short)
+    assert again.returncode == 0, again.stderr
+    assert resumed_from(again.stdout) is None
+    assert [r["step"] for r in records(run_dir) if r["split"] == "train"] == list(range(1, 13))
 
 
 @pytest.mark.parametrize(
@@ -925,13 +1015,31 @@ def test_a_finished_run_says_it_is_complete_and_a_raised_max_steps_extends_it_sm
         (("--device", "cuda:abc"), "device must be cpu, cuda or mps"),
         (("--lr", "inf"), "lr must be a finite number > 0, got inf"),
         (("--lr", "nan"), "lr must be a finite number > 0, got nan"),
+        (
+            ("--warmup-steps", "100000", "--max-steps", "20"),
+            "--warmup-steps 100000 must be below --max-steps 20, or the run ends inside its warmup",
+        ),
+        (
+            ("--warmup-steps", str(MAX_STEPS)),
+            f"--warmup-steps {MAX_STEPS} must be below --max-steps",
+        ),
     ],
-    ids=["seed-negative", "seed-too-big", "device-unparseable", "lr-inf", "lr-nan"],
+    ids=[
+        "seed-negative",
+        "seed-too-big",
+        "device-unparseable",
+        "lr-inf",
+        "lr-nan",
+        "warmup-past-the-end",
+        "warmup-at-the-end",
+    ],
 )
 def test_a_bad_option_is_one_line_and_nothing_is_written(
     project, tmp_path, tally, option, expected
 ):
-    """--seed -1 and --device cuda:abc were tracebacks, --lr inf trained; now refused up front."""
+    """--seed -1 and --device cuda:abc were tracebacks, --lr inf trained, and so did a warmup past
+    the run's end; now refused up front. The default warmup (100 steps) is not held to that: the
+    reference run trains MAX_STEPS (80) steps with it."""
     tally[SUITE]["inputs tried"] += 1
     run_dir = tmp_path / "run"
     done = train(project, run_dir, *option)
@@ -1112,6 +1220,29 @@ def test_damaged_run_records_are_repaired_on_resume_and_named_by_report(
         assert f"warning: {path}: {said} dropped" in done.stderr
     assert same_records(run_dir, reference, tally)
     assert run(project, "report", run_dir).returncode == 0
+
+
+def test_a_last_metrics_line_cut_off_is_named_by_report_and_dropped_by_the_resume_saying_so(
+    project, reference, tmp_path, tally
+):
+    """A record cut off mid-write (a crash) was dropped on resume without a word."""
+    run_dir = copy_of(reference, tmp_path)
+    (run_dir / "checkpoints" / "step-00000080.pt").unlink()  # as if it crashed writing step 80's
+    path = run_dir / "metrics.jsonl"
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 30])  # the last record, step 80's validation, cut short
+    last = len(data.splitlines())
+    tally[SUITE]["inputs tried"] += 1
+
+    shown = run(project, "report", run_dir)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stderr == f"warning: {path}: its last line ({last}), cut off mid-write, skipped\n"
+    done = train(project, run_dir)
+
+    assert done.returncode == 0, done.stderr
+    assert done.stderr == f"warning: {path}: its last line ({last}), cut off mid-write, dropped\n"
+    assert resumed_from(done.stdout) == (str(run_dir / "checkpoints" / "step-00000070.pt"), 70)
+    assert same_records(run_dir, reference, tally)
 
 
 @pytest.mark.slow

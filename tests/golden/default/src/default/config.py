@@ -21,9 +21,12 @@ def fixed(default):
     """A field a resumed run must keep: it defines the model, the data or the optimisation.
 
     A resume refuses a different value, naming it. The other fields apply to the resumed run as
-    given: bookkeeping (logging, checkpoints, patience, workers, device) and --max-steps, which
-    extends a run; the cosine schedule keeps the horizon the run started with (TrainState.
-    schedule_steps) and steps past it train at min_lr, so the learning rate never jumps.
+    given: bookkeeping (logging, checkpoints, patience, workers, device) and --max-steps. Raised,
+    it extends the run: the cosine decay keeps the horizon it was planned with (TrainState.
+    schedule_steps) and the steps past it train at min_lr, so the learning rate never jumps up.
+    Lowered, it shortens the run: the decay is re-planned to end at the new --max-steps, as if the
+    run had started with it (past the warmup, the learning rate steps down onto it), and a line
+    says so. Below the step the run has reached, it is refused.
     """
     return field(default=default, metadata={"resume": "fixed"})
 
@@ -47,7 +50,9 @@ class Config:
     grad_accum_steps: int = fixed(1)  # micro-batches per optimizer step
     lr: float = fixed(3e-3)  # peak learning rate, reached after the warmup
     min_lr: float = fixed(3e-4)  # floor of the cosine decay
-    warmup_steps: int = fixed(100)  # linear warmup: large early updates are the usual cause of spikes
+    # Linear warmup steps: large early updates are the usual cause of spikes. A --warmup-steps given
+    # must be below --max-steps; the default may outlast a short trial run, which ends in its warmup.
+    warmup_steps: int = fixed(100)
     weight_decay: float = fixed(0.1)  # AdamW decay, on weight matrices only (not biases or norms)
     grad_clip: float = fixed(1.0)  # max global gradient norm: exploding gradients stay silent until NaN
     # validation and early stopping
@@ -94,16 +99,18 @@ def _require(ok: bool, message: str) -> None:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds one --option per Config field, defaulting to the dataclass's value, its comment as help."""
+    """Adds one --option per Config field, its comment as help. An option not given is left out of
+    the parsed arguments (the dataclass's default then applies), so that config_from_args can tell
+    what was asked for."""
     comments = _field_comments()
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         text = f"{comments.get(f.name, '')} (default: {f.default})".replace("%", "%%")
         if f.type is bool:
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default, help=text)
+            parsed = {"action": argparse.BooleanOptionalAction}
         else:
-            kind = str if f.type == str | None else f.type
-            parser.add_argument(flag, type=kind, default=f.default, help=text)
+            parsed = {"type": str if f.type == str | None else f.type}
+        parser.add_argument(flag, **parsed, default=argparse.SUPPRESS, help=text)
 
 
 def _field_comments() -> dict[str, str]:
@@ -122,4 +129,14 @@ def _field_comments() -> dict[str, str]:
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    return Config(**{f.name: getattr(args, f.name) for f in dataclasses.fields(Config)})
+    """The options given, the dataclass's defaults for the rest. A warmup that outlasts the run is
+    refused only where --warmup-steps asked for it: the default warmup may outlast a short trial
+    run (--max-steps 20), which then ends inside it (diagnose says so)."""
+    given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if hasattr(args, f.name)}
+    cfg = Config(**given)
+    if "warmup_steps" in given and cfg.warmup_steps >= cfg.max_steps:
+        raise ConfigError(
+            f"--warmup-steps {cfg.warmup_steps} must be below --max-steps {cfg.max_steps},"
+            " or the run ends inside its warmup"
+        )
+    return cfg

@@ -86,6 +86,29 @@ def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
         )
 
 
+def check_checkpoints_kept(run_dir: Path) -> None:
+    """Refuses a run folder whose checkpoints/ was deleted: starting again at step 0 would overwrite
+    its records. A start makes checkpoints/ before it writes run.json, so a run killed before its
+    first checkpoint has the folder (empty) and starts again."""
+    if (run_dir / "run.json").exists() and not (run_dir / "checkpoints").exists():
+        raise ConfigError(
+            f"{run_dir / 'checkpoints'} is missing, so the run in {run_dir} cannot resume:"
+            " start over in a new --run-dir"
+        )
+
+
+def schedule_horizon(cfg: Config, step: int, planned: int) -> int:
+    """The cosine decay's horizon for a run resumed at `step` that was planned for `planned` steps
+    (see config.fixed): a raised --max-steps keeps the plan, a lowered one re-plans it, and one
+    below `step` is refused."""
+    if cfg.max_steps < step:
+        raise ConfigError(
+            f"{cfg.run_dir} is at step {step} (of {planned} planned), past --max-steps {cfg.max_steps}:"
+            f" give --max-steps {step} or more, or start over in a new --run-dir"
+        )
+    return cfg.max_steps if step < cfg.max_steps < planned else planned
+
+
 def restore_run(cfg, splits, engine, run, checkpoints, group: Dist, say) -> tuple[TrainState, dict | None]:
     """A fresh run's state, or the newest valid checkpoint's restored into `engine`; with it this
     rank's saved RNG streams (None for a fresh run, or a rank a reshard adds), to restore last."""
@@ -99,16 +122,22 @@ def restore_run(cfg, splits, engine, run, checkpoints, group: Dist, say) -> tupl
     note = resharding(saved_world, group.world_size, cfg)
     check_resumable(checkpoint, cfg, splits)
     state = TrainState(**checkpoint["state"])
+    planned = state.schedule_steps or checkpoint["config"]["max_steps"]
+    state.schedule_steps = schedule_horizon(cfg, state.step, planned)
     if note:
         state.reshard(saved_world, group.world_size)
         say(f"warning: {note}")
-    state.schedule_steps = state.schedule_steps or checkpoint["config"]["max_steps"]
-    if state.schedule_steps != cfg.max_steps:  # a raised --max-steps: past the horizon, min_lr
-        engine.keep_schedule(cfg, state.schedule_steps)
     restore(engine, path, checkpoint)
+    if cfg.max_steps != planned:  # raised: min_lr past the planned horizon; lowered: re-planned
+        engine.set_schedule(cfg, state.schedule_steps, state.step)
     if state.step < cfg.max_steps:
         run.resume(record, state.step, path, checkpoint)
         say(f"resuming from {path} at step {state.step}")
+    if state.schedule_steps < planned:
+        say(
+            f"schedule: --max-steps {cfg.max_steps} re-plans the cosine decay to end there,"
+            f" not at step {planned}"
+        )
     return state, checkpoint["rng"][group.rank] if group.rank < saved_world else None
 
 
@@ -227,6 +256,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
         splits = load_splits(cfg)
         engine = Engine(cfg, splits, device)
+        check_checkpoints_kept(Path(cfg.run_dir))
         run = RunLog(Path(cfg.run_dir)) if group.is_main else SilentRunLog()  # rank 0 alone writes
         checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, main=group.is_main)
         state, saved_rng = restore_run(cfg, splits, engine, run, checkpoints, group, say)

@@ -117,9 +117,10 @@ def read_check_summary(run_dir: Path) -> dict | None:
 def read_metrics(run_dir: Path) -> list[dict]:
     """metrics.jsonl's records; lines that are not records are skipped, with a warning."""
     path = run_dir / "metrics.jsonl"
-    records, damaged = parse_metrics(path.read_bytes())
+    data = path.read_bytes()
+    records, damaged = parse_metrics(data)
     if damaged:
-        print(f"warning: {path}: {damaged_lines(damaged)} skipped", file=sys.stderr)
+        print(f"warning: {path}: {damaged_lines(damaged, data)} skipped", file=sys.stderr)
     return records
 
 
@@ -152,6 +153,10 @@ def _is_record(record) -> bool:
     )
 
 
-def damaged_lines(lines: list[int]) -> str:
+def damaged_lines(lines: list[int], data: bytes) -> str:
+    """The damaged `lines` of metrics.jsonl's bytes, for a warning. A last line without its newline
+    was cut off mid-write (a crash, or a full disk), and is named so."""
+    if lines == [len(data.splitlines())] and not data.endswith(b"\n"):
+        return f"its last line ({lines[0]}), cut off mid-write,"
     shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
     return f"{len(lines)} damaged line{'s' if len(lines) > 1 else ''} ({shown})"

@@ -52,10 +52,11 @@ class Engine:
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
         self.scaler = distributed.grad_scaler(device)
 
-    def keep_schedule(self, cfg: Config, horizon: int) -> None:
-        """Decays the learning rate over `horizon` steps, whatever cfg.max_steps now says."""
+    def set_schedule(self, cfg: Config, horizon: int, step: int) -> None:
+        """Decays the learning rate over `horizon` steps, whatever cfg.max_steps now says, for a run
+        restored at `step`: its next step trains at this schedule's rate."""
         schedule = lr_factor(dataclasses.replace(cfg, max_steps=horizon))
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule)
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, schedule, last_epoch=step - 1)
 
     def state_dict(self) -> dict:
         model, optimizer = distributed.model_state(self.model, self.optimizer)

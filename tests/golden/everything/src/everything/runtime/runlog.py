@@ -108,8 +108,8 @@ class RunLog:
         self._tracked(step)
 
     def _keep_metrics(self, step: int) -> list[dict]:
-        """Rewrites metrics.jsonl with its records up to `step`, dropping lines that are not
-        records (a line torn by a crash, silently; others with a warning); returns them."""
+        """Rewrites metrics.jsonl with its records up to `step`, dropping lines that are not records
+        (a line cut off by a crash too) with a warning; returns the records kept."""
         try:
             data = self.metrics_path.read_bytes()
         except FileNotFoundError:
@@ -119,9 +119,8 @@ class RunLog:
         except OSError as error:
             raise RunDirError(f"cannot read {self.metrics_path}: {error.strerror}") from None
         records, damaged = parse_metrics(data)
-        lines = data.splitlines()
-        if [n for n in damaged if n < len(lines)]:  # the last line alone is a torn write
-            print(f"warning: {self.metrics_path}: {damaged_lines(damaged)} dropped", file=sys.stderr)
+        if damaged:
+            print(f"warning: {self.metrics_path}: {damaged_lines(damaged, data)} dropped", file=sys.stderr)
         kept = [r for r in records if r["step"] <= step]
         _write_atomically(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
         return kept
