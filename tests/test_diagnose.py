@@ -197,13 +197,20 @@ def test_loader_bound_from_the_runs_own_wait(diag, tmp_path):
     assert finding.name == "loader-bound" and "waited for data 70%" in finding.evidence
 
 
-def test_loader_bound_from_a_failed_loader_check(diag, tmp_path):
+def test_loader_bound_from_a_failed_loader_check_of_the_runs_code(diag, tmp_path):
     run_dir = write_run(tmp_path / "runs" / "a")
+    record = json.loads((run_dir / "run.json").read_text())
+    (run_dir / "run.json").write_text(json.dumps({**record, "source_digest": "abc"}))
     summary = {"overfit_loss": 0.01, "resume_matched": True, "loader_share": 0.6}
-    summary["checks"] = {"loader": False}  # as `check all` writes it
+    summary["checks"] = {"loader": False}  # as `check all` writes it, with what it checked:
+    summary.update(source_digest="abc", data=record.get("data", {}), config=record["config"])
     (tmp_path / "runs" / "check").mkdir()
     (tmp_path / "runs" / "check" / "summary.json").write_text(json.dumps(summary))
     assert names(diag, run_dir) == ["loader-bound"]
+
+    summary["source_digest"] = "edited"  # the checks of other code say nothing of this run
+    (tmp_path / "runs" / "check" / "summary.json").write_text(json.dumps(summary))
+    assert names(diag, run_dir) == []
 
 
 def test_lr_still_in_warmup_when_the_run_ended(diag, tmp_path):
