@@ -76,6 +76,11 @@ CHECK_SUMMARY_SHAPE = {
 }
 
 
+def commit_label(git: dict) -> str:
+    """A git_state() as the Run lines show it: the commit's first 12 digits, -dirty with uncommitted edits."""
+    return (git.get("commit") or "none")[:12] + ("-dirty" if git.get("dirty") else "")
+
+
 def checks_mismatch(summary: dict, record: dict) -> str | None:
     """What the `check all` of `summary` checked that the run of `record` (its run.json) did not
     run: other code (the source's digest as the run last started or resumed), other data, or

@@ -81,13 +81,15 @@ def run_diagnose(run_dirs: list[str], as_json: bool = False) -> int:
         if new:
             lines.append(f"{b.dir} shows what {a.dir} does not: {', '.join(new)}")
         report["new"] += [{"run_dir": str(b.dir), "since": str(a.dir), "name": n} for n in new]
-        fixed = issues_fixed(a, fa, b, fb)
+        gone = [f for f in fa if f.name not in names_b]
+        fixed = issues_fixed(a, fa, b, fb)  # a line for each of `gone`, none from an unfinished run
         lines += fixed
-        if unfinished(b) and names_a - names_b:
-            lines.append(f"{', '.join(sorted(names_a - names_b))} not shown, but not fixed: {unfinished(b)}")
-        report["fixed"] += [
-            {"run_dir": str(b.dir), "since": str(a.dir), "name": f.name, "line": line}
-            for f, line in zip([f for f in fa if f.name not in names_b and fixed], fixed, strict=True)
-        ]
+        if gone and (why := unfinished(b)):
+            lines.append(f"{', '.join(sorted(f.name for f in gone))} not shown, but not fixed: {why}")
+        if fixed:
+            report["fixed"] += [
+                {"run_dir": str(b.dir), "since": str(a.dir), "name": f.name, "line": line}
+                for f, line in zip(gone, fixed, strict=True)
+            ]
     print(json.dumps(report, indent=2) if as_json else "\n".join(lines))
     return 1 if any(found) else 0

@@ -9,7 +9,7 @@ also runs diagnose on it, whose leak test reads the run's data.
 
 from pathlib import Path
 
-from ..runtime.records import check_summary_path, read_metrics
+from ..runtime.records import check_summary_path, commit_label, read_metrics
 from .checks import sanity
 from .diagnose import diagnose, issues_fixed, unfinished
 from .findings import DiagnoseError, Run, load_run
@@ -61,9 +61,8 @@ def report(run_dir: str, since: str | None = None) -> str:
     except DiagnoseError as error:
         raise ReportError(str(error)) from None
     record = run.record
-    commit = (record["git"]["commit"] or "none")[:12] + ("-dirty" if record["git"]["dirty"] else "")
     lines = [
-        f"**Run:** {record['project']} commit {commit}, config {run.dir / 'run.json'}, "
+        f"**Run:** {record['project']} commit {commit_label(record['git'])}, config {run.dir / 'run.json'}, "
         f"seed {record['seed']}, torch {record['versions']['torch']}"
     ]
     if run.summary is not None:
@@ -95,9 +94,9 @@ def issues(after: Run, before: Run | None) -> list[str]:
     found = diagnose(after)
     lines = [f"**Issues found:** {'; '.join(f.line() for f in found)}"] if found else []
     if before is not None:
-        fixed = issues_fixed(before, diagnose(before), after, found)
-        if unfinished(after):
-            fixed = [f"**Issues fixed:** not judged: {unfinished(after)}; compare a run that ran its course"]
+        fixed = issues_fixed(before, diagnose(before), after, found)  # none from an unfinished run
+        if not fixed and (why := unfinished(after)):
+            fixed = [f"**Issues fixed:** not judged: {why}; compare a run that ran its course"]
         lines += fixed or [f"**Issues fixed:** none since {before.dir}"]
     return lines
 

@@ -31,6 +31,7 @@ from ..model import compute_loss, initial_loss, overfit_target
 from ..runtime.distributed import all_reduce_sum, any_rank_max, init_distributed, run_as_processes
 from ..runtime.engine import Engine, setup, train_step
 from ..runtime.loader import EpochDataset
+from ..runtime.records import commit_label
 from ..runtime.runlog import PROJECT, git_state, make_folders, now_utc, source_digest, write_json_atomically
 from ..runtime.stopping import RunFolderBusy, RunLock
 from .resume_check import resume_matches
@@ -258,8 +259,7 @@ def _run(cfg: Config, which: str, main: bool) -> int:
         }
         if main:
             write_json_atomically(work / "summary.json", summary)  # for `report`
-        git = checked["git"]
-        commit = (git["commit"] or "none")[:12] + ("-dirty" if git["dirty"] else "")
+        commit = commit_label(checked["git"])
         say(
             f"**Run:** {PROJECT} commit {commit}, config {work / 'resume' / 'uninterrupted' / 'run.json'}, "
             f"seed {cfg.seed}, torch {torch.__version__}"

@@ -10,6 +10,7 @@ from ..runtime.records import (
     RunRecordError,
     check_summary_path,
     checks_mismatch,
+    commit_label,
     read_check_summary,
     read_metrics,
     read_record,
@@ -86,8 +87,7 @@ def load_run(run_dir: str) -> Run:
     mismatch = checks_mismatch(summary, record) if summary is not None else None
     if mismatch is None:
         return Run(path, record, train, val, summary)
-    git = summary.get("git", {})
-    commit = (git.get("commit") or "none")[:12] + ("-dirty" if git.get("dirty") else "")
     when = summary.get("finished", "at an unknown time")
+    commit = commit_label(summary.get("git", {}))
     other = f"the last checks ({check_summary_path(path)}, {when}, commit {commit}) ran on {mismatch}"
     return Run(path, record, train, val, None, other)
