@@ -289,7 +289,8 @@ def _run_one(job: Job) -> Outcome:
 
     forked = job.fork and not _gpu_present()
     run = _run_forked if forked else _run_fresh
-    prepare = prepare_arguments(job.answers) if job.plan.which != CROSS_CHECK else None
+    cross = job.plan.which == CROSS_CHECK  # its --help needs no data, and one process
+    prepare = None if cross else prepare_arguments(job.answers)
     if prepare:
         start = time.perf_counter()
         write_corpus(project / "corpus.jsonl")
@@ -300,8 +301,8 @@ def _run_one(job: Job) -> Outcome:
             return fail("prepare", output)
 
     start = time.perf_counter()
-    distributed = job.answers.get("distributed", "none") != "none" and job.plan.which != CROSS_CHECK
-    ranks = fork.DDP_PROCESSES if distributed else 1
+    distributed = job.answers.get("distributed", "none") != "none"
+    ranks = fork.DDP_PROCESSES if distributed and not cross else 1
     returncode, output = run(project, job, _check_command(project, job), "check.log", ranks=ranks)
     seconds["check"] = time.perf_counter() - start
     passed, notes = ci_passed(returncode, output)  # a loader close call passes, reported
