@@ -16,7 +16,8 @@ and records a part that fails or runs out of time without stopping the others:
   matrix           every cuda primary of the matrix (device cuda, tracker none: 180) rendered,
                    linted and checked with `check all` on the GPU (the matrix's runner with
                    native_device and fresh interpreters), --jobs at a time, each at most
-                   --combination-timeout seconds, in whatever the budget leaves
+                   --combination-timeout seconds, in whatever the budget leaves; one of
+                   each (task, distributed, precision) family first, then the second of each
 
 The MFU runs first, alone, so that its figures are the GPU's; the matrix runs last, so that a
 matrix slower than its share costs only its own unfinished combinations (listed as such).
@@ -119,7 +120,26 @@ def cuda_primaries() -> list[dict[str, Any]]:
         if answers.get("device") == "cuda" and primary_of(answers, native_device=True) == answers
     ]
     validate = _compat.answer_validator(template_dir())
-    return [answers for answers in combos if validate(answers) is None]
+    return spread([answers for answers in combos if validate(answers) is None])
+
+
+def spread(combos: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`combos` reordered to take each (task, distributed, precision) family in turn, so that a
+    matrix cut short by the budget has run every family before any family's second combination."""
+    families: dict[tuple, list[dict[str, Any]]] = {}
+    for answers in combos:
+        key = (answers["task"], answers["distributed"], answers["precision"])
+        families.setdefault(key, []).append(answers)
+    # Each family's queue rotated by its place, so that the first round mixes compile and
+    # gradient accumulation across families rather than taking grad1-nocompile from all.
+    queues = [
+        queue[i % len(queue) :] + queue[: i % len(queue)]
+        for i, queue in enumerate(families.values())
+    ]
+    ordered = []
+    while any(queues):
+        ordered += [queue.pop(0) for queue in queues if queue]
+    return ordered
 
 
 def matrix_child(args: argparse.Namespace) -> int:
@@ -138,7 +158,7 @@ def matrix_child(args: argparse.Namespace) -> int:
             "passed": outcome.passed,
             "step": outcome.step,
             "seconds": outcome.seconds,
-            "tail": "" if outcome.passed else outcome.tail(60),
+            "tail": "" if outcome.passed else outcome.tail(200),  # both ranks' causes
         }
         with results.open("a", encoding="utf-8") as f:
             f.write(json.dumps(line) + "\n")

@@ -219,3 +219,70 @@ def test_without_nvml_or_off_cuda_the_gpu_utilisation_is_unknown(cuda_timing):
     with cuda_timing.UtilizationSampler(torch.device("cpu")) as gpu:
         time.sleep(0.1)
     assert gpu.mean is None and not gpu.samples
+
+
+@pytest.fixture(scope="module")
+def cuda_tune(tmp_path_factory):
+    """The tune module of a cuda project (importable on a CPU machine)."""
+    answers = {"device": "cuda", "precision": "bf16", "task": "generation"}
+    project = new_project(tmp_path_factory.mktemp("t") / "cudatune", answers, git=False).path
+    sys.path.insert(0, str(project / "src"))
+    try:
+        yield importlib.import_module("cudatune.tools.tune")
+    finally:
+        sys.path.remove(str(project / "src"))
+        for name in [m for m in sys.modules if m == "cudatune" or m.startswith("cudatune.")]:
+            del sys.modules[name]
+
+
+class _FakeGPU:
+    """torch.cuda's memory calls, for a step whose peak is `size` MiB: what _memory_search reads."""
+
+    def __init__(self, monkeypatch, tune):
+        self.peak = 0
+        gib = 2**30
+        properties = type("Properties", (), {"total_memory": 8 * gib})
+        monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: properties)
+        monkeypatch.setattr(torch.cuda, "get_device_name", lambda device: "Fake GPU")
+        monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+        monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: None)
+        monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: self.peak)
+        monkeypatch.setattr(tune, "synchronize", lambda device: None)
+
+
+def test_the_gpu_search_takes_a_kernels_failure_at_a_size_as_its_limit_not_the_codes(
+    cuda_tune, monkeypatch
+):
+    """On an H200 (torch 2.11), cuDNN attention's backward failed at a large batch with a
+    RuntimeError that is not an out-of-memory error: the search took it for a bug and died.
+    A size above one that ran is now that size's limit, said in its line; a failure before any
+    size ran is still the code's own and raised."""
+    gpu = _FakeGPU(monkeypatch, cuda_tune)
+    cudnn = "Expected mha_graph.execute(handle, variant_pack, workspace_ptr.get()).is_good()"
+
+    def step(size):
+        if size > 300:
+            raise RuntimeError(f"{cudnn} to be true, but got false.\n(Could this be improved?)")
+        gpu.peak = size * 2**20
+
+    cfg = type("Cfg", (), {"batch_size": 32, "lr": 1e-3, "grad_accum_steps": 1})()
+    engine = type("Engine", (), {"optimizer": torch.optim.SGD([torch.zeros(1)], lr=0.1)})()
+    out = cuda_tune._memory_search(cfg, "cuda", engine, step, None, 0.9, limit=100_000)
+
+    assert f"  batch     512: failed ({cudnn} to be true, but got false.)" in out.splitlines()
+    best = int(out.split("largest micro-batch under 90%: ")[1].split()[0])
+    assert 300 - best <= max(1, best // 16) and best <= 300
+    assert "suggested: --batch-size" in out
+
+    def broken(size):
+        raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+
+    with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
+        cuda_tune._memory_search(cfg, "cuda", engine, broken, None, 0.9, limit=100_000)
+
+    def out_of_memory(size):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory")
+
+    out = cuda_tune._memory_search(cfg, "cuda", engine, out_of_memory, None, 0.9, limit=100_000)
+    assert "  batch      32: out of memory" in out.splitlines()
+    assert out.splitlines()[-1].startswith("not even a micro-batch of 1 fits")

@@ -184,6 +184,8 @@ def _memory_search(
     name = torch.cuda.get_device_name(device)
     lines = [f"find-batch-size on {name} ({total / 2**30:.1f} GiB): the largest step under {target:.0%}"]
 
+    ran: list[int] = []  # the sizes whose step ran: a later failure is its size's, not the code's
+
     def fits(size: int) -> bool:
         try:
             torch.cuda.empty_cache()
@@ -191,11 +193,16 @@ def _memory_search(
             step(size)
             synchronize(device)
             peak = torch.cuda.max_memory_allocated(device)
-        except torch.cuda.OutOfMemoryError:
-            lines.append(f"  batch {size:7d}: out of memory")
+        except RuntimeError as error:  # out of memory, or a kernel's own limit (cuDNN attention's)
+            out_of_memory = isinstance(error, torch.cuda.OutOfMemoryError)
+            if not (out_of_memory or ran):
+                raise
+            failed = "out of memory" if out_of_memory else f"failed ({str(error).splitlines()[0][:120]})"
+            lines.append(f"  batch {size:7d}: {failed}")
             engine.optimizer.zero_grad(set_to_none=True)  # what the failed step had allocated
             torch.cuda.empty_cache()
             return False
+        ran.append(size)
         lines.append(f"  batch {size:7d}: peak {peak / 2**30:8.2f} GiB ({peak / total:.1%})")
         return peak <= target * total
 
