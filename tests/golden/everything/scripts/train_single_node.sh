@@ -16,6 +16,8 @@ export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1
 # checkpoint written; SIGUSR1 is not among its defaults (PET_ sets torchrun's --signals-to-handle).
 export PET_SIGNALS_TO_HANDLE=SIGTERM,SIGINT,SIGHUP,SIGQUIT,SIGUSR1
 nproc="${NPROC:-$(python -c 'import torch; print(max(torch.cuda.device_count(), 1))')}"
+# The rendezvous on a free port (0, as torchrun's --standalone), unless MASTER_PORT names one: two
+# jobs on one machine sharing 29500 would join each other's rendezvous and fail to connect.
 exec torchrun --nnodes 1 --nproc-per-node "$nproc" \
-    --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:${MASTER_PORT:-29500}" --max-restarts 3 \
+    --rdzv-backend c10d --rdzv-endpoint "127.0.0.1:${MASTER_PORT:-0}" --max-restarts 3 \
     -m everything train "$@"
