@@ -1,0 +1,158 @@
+"""Every command of a generated project's README runs as pasted, in the README's order, and exits
+as the README says (0; diagnose 0 or 1, "exit 1 if any"): the default project, image + ddp,
+generation and regression + fsdp, each rendered fresh.
+
+The one scaling is `--max-steps`, an option the README shows, added to each `train` and torchrun
+script line. What this machine cannot run as pasted is left out by name (NOT_HERE: the install,
+which the test stands in for by running from src/ with this Python; two machines; SLURM), and the
+files a command names as the user's own (photos to predict on, a text folder to prepare) are
+written first, as a user would have them."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+from readme_commands import fenced_commands, indented_commands, run
+
+from scaffold.render import new_project
+
+pytestmark = pytest.mark.slow
+
+CASES = {
+    "default": {},
+    "image-ddp": {"task": "image", "distributed": "ddp"},
+    "generation": {"task": "generation"},
+    "regression-fsdp": {"task": "regression", "distributed": "fsdp"},
+}
+STEPS = "--max-steps 30"
+NOT_HERE = {  # a line's start: why this machine cannot run it as pasted
+    "pip install": "the install: the test runs the project from src/ with this Python",
+    "MASTER_ADDR=10.0.0.1": "two machines",
+    "sbatch": "SLURM",
+}
+
+
+def scaled(line: str) -> str:
+    """The line with --max-steps before its comment, if it trains."""
+    command, hash_, comment = line.partition("  #")
+    if " train " in f"{command} " or "scripts/train_single_node.sh" in command:
+        command = f"{command.rstrip()} {STEPS}"
+    return f"{command}  {hash_}{comment}" if hash_ else command
+
+
+def users_files(project: Path, answers: dict) -> None:
+    """What the README's commands name as the user's own files."""
+    if answers.get("task") == "image":
+        from PIL import Image
+
+        (project / "more").mkdir()
+        for i, path in enumerate(["photo.jpg", "more/1.png", "more/2.png"]):
+            Image.new("RGB", (40, 30), (60 * i, 90, 200 - 50 * i)).save(project / path)
+    if answers.get("task") == "generation":
+        corpus = project / "corpus"
+        corpus.mkdir()
+        words = [
+            "the",
+            "quick",
+            "brown",
+            "fox",
+            "jumps",
+            "over",
+            "a",
+            "lazy",
+            "dog",
+            "while",
+            "seven",
+            "wizards",
+            "box",
+        ]
+        for i in range(12):
+            text = " ".join(words[(i * 7 + j * j) % len(words)] for j in range(2000))
+            (corpus / f"part{i}.txt").write_text(text + "\n", encoding="utf-8")
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_every_readme_command_runs_as_pasted(case, tmp_path):
+    answers = CASES[case]
+    project = new_project(tmp_path / "proj", answers, git=True).path
+    users_files(project, answers)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(project / "src"),  # what `pip install -e .` makes importable
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+    }
+    commands = fenced_commands((project / "README.md").read_text(encoding="utf-8"))
+    ran, left_out = [], []
+    for command in commands:
+        why = next((why for start, why in NOT_HERE.items() if command.line.startswith(start)), None)
+        if why:
+            left_out.append(command.line)
+            continue
+        command.line = scaled(command.line)
+        done = run(command, project, env, timeout=600)
+        assert done.as_said, f"{command.line}\nexit {done.status}\n{done.output[-3000:]}"
+        ran.append(command.line)
+
+    assert sum(" train " in line for line in ran) >= 2  # runs/first and runs/second at least
+    assert any("check all" in line for line in ran)
+    assert len(ran) >= 9 and len(left_out) <= 4, (ran, left_out)
+
+
+# scaffold's own README: its commands, each run or left out by name (a command added to the README
+# must be placed in one or the other).
+STARTS = ("pip ", "scaffold ", "python ", "pytest", "copier ", "git ", "mkdir ", "cd ")
+OWN_NOT_HERE = {
+    'pip install -e ".[bench]"': "the install of the benchmarks' extra",
+    "pip install torch": None,  # the quickstart: its installs are this test's environment, its last
+    # command (after the last &&) runs below
+    "scaffold new DEST": "a synopsis",
+    "scaffold check DIR": "a synopsis",
+    "scaffold matrix [": "a synopsis",
+    "[": "a synopsis",
+    "scaffold update DIR": "a synopsis",
+    "scaffold matrix --list": None,
+    "scaffold matrix": "the matrix itself: CI's own phase (.ci/run)",
+    "mkdir team-template": "the git-hosted template recipe: it pushes to a git host",
+    "git ": "the git-hosted template recipe: it pushes to a git host",
+    "copier copy --vcs-ref": "the git-hosted template recipe: it clones from a git host",
+    "cd my-run && git init": "the git-hosted template recipe: it clones from a git host",
+    "copier update": "the git-hosted template recipe: it clones from a git host",
+    "pytest": "this test suite itself",
+    "python -m scaffold.golden --refresh": "it rewrites tests/golden (tests/test_golden.py)",
+    "python benchmarks/": "the benchmarks: minutes each, run by hand for the README's figures",
+}
+
+
+def test_scaffolds_own_readme_commands_run_as_pasted(tmp_path):
+    from conftest import REPO
+
+    commands = indented_commands((REPO / "README.md").read_text(encoding="utf-8"), STARTS)
+    env = {
+        **os.environ,
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
+    }
+    ran, left_out = [], {}
+    for command in commands:
+        line = command.line
+        start = next(
+            (s for s in OWN_NOT_HERE if line.startswith(s) or line.startswith(f"{s} ")), ""
+        )
+        if OWN_NOT_HERE.get(start):
+            left_out[line] = OWN_NOT_HERE[start]
+            continue
+        if line.startswith("pip install torch"):
+            command.line = line.rsplit("&&", 1)[1].strip()  # scaffold new demo --defaults --check
+        cwd = REPO if "scaffold.golden" in line else tmp_path  # golden reads the checkout
+        done = run(command, cwd, env, timeout=600)
+        assert done.as_said, f"{command.line}\nexit {done.status}\n{done.output[-3000:]}"
+        ran.append(command.line)
+
+    assert "scaffold new demo --defaults --check" in ran
+    assert {"scaffold new my-run", "scaffold update my-run --precision bf16"} <= {
+        line.split("  #")[0].strip() for line in ran
+    }
+    assert (tmp_path / "demo" / "runs" / "check" / "summary.json").exists()
+    assert len(ran) >= 6, (ran, left_out)
