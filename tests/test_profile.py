@@ -186,18 +186,23 @@ def test_find_batch_size_on_the_cpu_measures_throughput_and_suggests_options(
     assert f"--batch-size {size} --grad-accum-steps {steps} " in lines[-1]
 
 
-@pytest.fixture(scope="module")
-def cuda_timing(tmp_path_factory):
-    """The timing module of a cuda project (importable on a CPU machine)."""
-    answers = {"device": "cuda", "precision": "bf16"}
-    project = new_project(tmp_path_factory.mktemp("c") / "cudaproj", answers, git=False).path
+def _cuda_module(tmp_path_factory, package: str, answers: dict, module: str):
+    """A module of a freshly rendered cuda project, imported on this CPU machine, and removed
+    from sys.modules after the tests that use it."""
+    answers = {"device": "cuda", "precision": "bf16", **answers}
+    project = new_project(tmp_path_factory.mktemp("c") / package, answers, git=False).path
     sys.path.insert(0, str(project / "src"))
     try:
-        yield importlib.import_module("cudaproj.tools.timing")
+        yield importlib.import_module(f"{package}.{module}")
     finally:
         sys.path.remove(str(project / "src"))
-        for name in [m for m in sys.modules if m == "cudaproj" or m.startswith("cudaproj.")]:
+        for name in [m for m in sys.modules if m == package or m.startswith(f"{package}.")]:
             del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def cuda_timing(tmp_path_factory):
+    yield from _cuda_module(tmp_path_factory, "cudaproj", {}, "tools.timing")
 
 
 def test_the_gpu_utilisation_is_the_mean_of_samples_taken_during_the_window(cuda_timing):
@@ -223,16 +228,7 @@ def test_without_nvml_or_off_cuda_the_gpu_utilisation_is_unknown(cuda_timing):
 
 @pytest.fixture(scope="module")
 def cuda_tune(tmp_path_factory):
-    """The tune module of a cuda project (importable on a CPU machine)."""
-    answers = {"device": "cuda", "precision": "bf16", "task": "generation"}
-    project = new_project(tmp_path_factory.mktemp("t") / "cudatune", answers, git=False).path
-    sys.path.insert(0, str(project / "src"))
-    try:
-        yield importlib.import_module("cudatune.tools.tune")
-    finally:
-        sys.path.remove(str(project / "src"))
-        for name in [m for m in sys.modules if m == "cudatune" or m.startswith("cudatune.")]:
-            del sys.modules[name]
+    yield from _cuda_module(tmp_path_factory, "cudatune", {"task": "generation"}, "tools.tune")
 
 
 class _FakeGPU:
