@@ -221,7 +221,20 @@ def test_lr_still_in_warmup_when_the_run_ended(diag, tmp_path):
 def test_a_schedule_that_ended_before_the_run(diag, tmp_path):
     # built for 1000 steps, then resumed to 2000: the second half runs at the floor
     run_dir = write_run(tmp_path / "sched", max_steps=1000)
-    assert names(diag, run_dir) == ["schedule-ended-early"]
+    [finding] = diag.diagnose(diag.load_run(str(run_dir)), leak_test=False)
+    assert finding.name == "schedule-ended-early"
+    assert "it trained past the 1000 steps it was planned for: a resume with a higher" in (
+        finding.evidence
+    )  # the cause, which run.json's first plan tells
+
+
+def test_a_schedule_edited_to_end_early_is_not_blamed_on_a_resume(diag, tmp_path):
+    run_dir = write_run(tmp_path / "edited", max_steps=1000)  # the lr of a 1000-step plan...
+    record = json.loads((run_dir / "run.json").read_text())
+    record["config"]["max_steps"] = MAX_STEPS  # ...in a run planned for 2000: an edited lr_factor
+    (run_dir / "run.json").write_text(json.dumps(record))
+    [finding] = diag.diagnose(diag.load_run(str(run_dir)), leak_test=False)
+    assert finding.name == "schedule-ended-early" and "planned for" not in finding.evidence
 
 
 def test_a_schedule_restarted_by_a_resume(diag, tmp_path):

@@ -927,6 +927,8 @@ def test_a_finished_run_says_it_is_complete_and_a_raised_max_steps_extends_it_sm
 
     longer = train(project, run_dir, *WARM, "--max-steps", str(MAX_STEPS + 20))
     assert longer.returncode == 0, longer.stderr
+    said = f"schedule: the cosine decay keeps its plan of {MAX_STEPS} steps; steps past it train at"
+    assert any(line.startswith(said) for line in longer.stdout.splitlines()), longer.stdout
     lrs = {r["step"]: r["lr"] for r in records(run_dir) if r["split"] == "train"}
     assert sorted(lrs) == list(range(1, MAX_STEPS + 21))
     assert lrs[MAX_STEPS - 1] > lrs[MAX_STEPS] > MIN_LR  # still decaying at the planned end

@@ -138,6 +138,11 @@ def restore_run(cfg, splits, engine, run, checkpoints, group: Dist, say) -> tupl
             f"schedule: --max-steps {cfg.max_steps} re-plans the cosine decay to end there,"
             f" not at step {planned}"
         )
+    elif cfg.max_steps > planned:
+        say(
+            f"schedule: the cosine decay keeps its plan of {planned} steps; steps past it train at"
+            f" --min-lr {cfg.min_lr:g} (a longer decay wants a new --run-dir)"
+        )
     return state, checkpoint["rng"][group.rank] if group.rank < saved_world else None
 
 

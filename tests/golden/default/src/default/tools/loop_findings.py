@@ -53,7 +53,7 @@ def find_schedule(run: Run) -> list[Finding]:
     for a, b in itertools.pairwise(after):
         if b["lr"] > a["lr"] * LR_JUMP_FACTOR:
             at = [s for s in resumed if a["step"] <= s < b["step"]]
-            why = f" (resumed at step {at[0]}: with another --max-steps?)" if at else ""
+            why = f" (resumed at step {at[0]}: the schedule changed there)" if at else ""
             evidence = f"lr rose {a['lr']:.3g} -> {b['lr']:.3g} from step {a['step']} to {b['step']}{why}"
             return [Finding("lr-jump", evidence, b["step"])]
     floor = cfg.get("min_lr", 0.0)
@@ -63,6 +63,11 @@ def find_schedule(run: Run) -> list[Finding]:
             f"lr at its floor {floor:.3g} from step {at_floor[0]['step']} to {last['step']} "
             f"({(last['step'] - at_floor[0]['step']) / last['step']:.0%} of the run)"
         )
+        if last["step"] > cfg.get("max_steps", last["step"]):  # run.json keeps the first plan
+            evidence += (
+                f"; it trained past the {cfg['max_steps']} steps it was planned for: a resume with a"
+                " higher --max-steps keeps the decay's plan (a longer decay wants a new --run-dir)"
+            )
         return [Finding("schedule-ended-early", evidence, at_floor[0]["step"])]
     return []
 
