@@ -999,6 +999,18 @@ def test_deleted_checkpoints_are_refused_and_a_run_never_checkpointed_starts_aga
     assert done.stderr == f"error: {missing}: start over in a new --run-dir\n"
     assert run_files(copy) == before and not (copy / "checkpoints").exists()
 
+    emptied = copy_of(reference, tmp_path / "emptied")  # its step files deleted, best.pt kept
+    for path in step_files(emptied):
+        path.unlink()
+    before = run_files(emptied)
+    tally[SUITE]["inputs tried"] += 1
+    done = train(project, emptied)
+    assert is_clean_error(done, code=2), done.stderr
+    assert done.stderr.startswith(f"error: {emptied / 'checkpoints'} holds no step checkpoint"), (
+        done.stderr
+    )
+    assert run_files(emptied) == before
+
     run_dir, short = tmp_path / "killed", ("--max-steps", "12")
     first_save = {"at": "replace", "match": "step-", "nth": 1, "do": "kill"}
     assert train(project, run_dir, *short, fault=first_save).returncode == -signal.SIGKILL

@@ -33,6 +33,7 @@ from .runtime.distributed import (
 from .runtime.engine import PRECISION, Engine, evaluate, setup, train_step
 from .runtime.loader import EpochBatches, build_loaders, close
 from .runtime.progress import Progress
+from .runtime.records import RunRecordError, read_metrics, read_record
 from .runtime.rng import rng_state, set_rng_state
 from .runtime.runlog import RunLog, SilentRunLog, run_record
 from .runtime.state import TrainState, micro_batches, waited
@@ -83,13 +84,28 @@ def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
 
 
 def check_checkpoints_kept(run_dir: Path) -> None:
-    """Refuses a run folder whose checkpoints/ was deleted: starting again at step 0 would overwrite
-    its records. A start makes checkpoints/ before it writes run.json, so a run killed before its
-    first checkpoint has the folder (empty) and starts again."""
-    if (run_dir / "run.json").exists() and not (run_dir / "checkpoints").exists():
+    """Refuses a run folder whose checkpoints/ or step checkpoints were deleted: starting again at
+    step 0 would overwrite its records. A start makes checkpoints/ before it writes run.json, so a
+    run killed before its first checkpoint has the folder (empty) and starts again; a run whose
+    records go past its first checkpoint's step (or that finished) had one."""
+    if not (run_dir / "run.json").exists():
+        return
+    if not (run_dir / "checkpoints").exists():
         raise ConfigError(
             f"{run_dir / 'checkpoints'} is missing, so the run in {run_dir} cannot resume:"
             " start over in a new --run-dir"
+        )
+    if any((run_dir / "checkpoints").glob("step-*")) or not (run_dir / "metrics.jsonl").exists():
+        return
+    try:
+        record = read_record(run_dir)
+    except RunRecordError:
+        return  # rebuilt on resume, with a warning
+    reached = max((r["step"] for r in read_metrics(run_dir) if r["split"] == "train"), default=0)
+    if record.get("finished") or reached > record["config"].get("ckpt_every", math.inf):
+        raise ConfigError(
+            f"{run_dir / 'checkpoints'} holds no step checkpoint, though the run in {run_dir} reached"
+            f" step {reached} and saved them: it cannot resume: start over in a new --run-dir"
         )
 
 
