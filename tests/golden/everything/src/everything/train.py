@@ -198,8 +198,9 @@ def log_train(run, progress, state, loss: float, lr: float, grad_norm: float, sk
     progress.log(state.step, loss, lr, grad_norm)
 
 
-def validate(cfg, engine, splits, device, state, val_loader, run, checkpoints, say) -> bool:
-    """A validation pass, recorded; best saved when it improved. True: stop early."""
+def validate(cfg, engine, splits, device, state, val_loader, run, checkpoints, say, show: bool) -> bool:
+    """A validation pass, recorded; best saved when it improved. True: stop early.
+    Its line is said when `show` or when it stops the run."""
     broadcast_buffers(engine.model)  # every rank evaluates rank 0's BatchNorm statistics
     metrics = evaluate(engine, val_loader, splits, device)
     run.log(step=state.step, split="val", **metrics)
@@ -212,8 +213,9 @@ def validate(cfg, engine, splits, device, state, val_loader, run, checkpoints, s
     else:
         state.evals_since_best += 1
         stop = cfg.patience > 0 and state.evals_since_best >= cfg.patience
-    shown = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items())
-    say(f"step {state.step}  val {shown}" + ("  (best)" if improved else ""))
+    if show or stop:
+        values = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items())
+        say(f"step {state.step}  val {values}" + ("  (best)" if improved else ""))
     if stop:
         say(f"early stop: no better validation in {cfg.patience} since step {state.best_step}")
     return stop
@@ -228,6 +230,7 @@ def run_steps(
     engine.model.train()
     skipped = torch.tensor(state.skipped_steps, device=device)  # counted on the device: no sync
     started, first_step, stop, signum, saved = time.perf_counter(), state.step, False, 0, None
+    shown = -cfg.log_every  # the step of the last validation line printed
     while state.step < cfg.max_steps and not stop:
         step_started = time.perf_counter()
         lr = engine.scheduler.get_last_lr()[0]
@@ -244,7 +247,11 @@ def run_steps(
             log_train(run, progress, state, loss.item(), lr, grad_norm.item(), int(skipped.item()), say)
         waits[1] += time.perf_counter() - step_started  # to the logging sync; not validation
         if state.step % eval_every == 0 or last:
-            stop = validate(cfg, engine, splits, device, state, val_loader, run, checkpoints, say)
+            # Every validation is recorded; its line printed at most once in --log-every steps (a
+            # small table validates every step), and the last and an early stop always.
+            show = last or state.step - shown >= cfg.log_every
+            shown = state.step if show else shown
+            stop = validate(cfg, engine, splits, device, state, val_loader, run, checkpoints, say, show)
         if save or stop:
             saved = checkpoints.save(payload(cfg, engine, splits, state, run), state.step)
             run.checkpointed(state.step)
