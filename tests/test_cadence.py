@@ -35,3 +35,40 @@ def test_a_small_table_validates_every_step_but_prints_at_the_logs_cadence(tmp_p
     assert len(printed) <= last // 10 + 2, printed  # --log-every 10: one a 10 steps, and the last
     assert printed[-1].startswith(f"step {last}  val loss ")
     assert "best val loss " in done.stdout.splitlines()[-1]
+
+
+def test_a_long_validation_says_where_it_is_in_a_log_and_a_short_one_says_nothing(tmp_path, capsys):
+    """On a 5,000-image folder nothing was printed for minutes while validation ran. In a log
+    (stderr not a terminal) a pass says where it is every `every` seconds, never at its end."""
+    import importlib
+    import sys
+    import time
+
+    project = render(tmp_path / "passes")
+    sys.path.insert(0, str(project / "src"))
+    try:
+        progress = importlib.import_module("passes.runtime.progress")
+
+        def slow(n):
+            for i in range(n):
+                time.sleep(0.03)
+                yield i
+
+        class Batches(list):
+            def __iter__(self):
+                return slow(len(self))
+
+        assert list(progress.announced(Batches(range(6)), "validating", every=0.05)) == list(
+            range(6)
+        )
+        lines = capsys.readouterr().err.splitlines()
+        assert 2 <= len(lines) <= 5, lines
+        assert all(line.startswith("validating: ") and "/6 batches, " in line for line in lines)
+        assert not any(line.startswith("validating: 6/6") for line in lines)
+
+        assert list(progress.announced(list(range(6)), "validating")) == list(range(6))
+        assert capsys.readouterr().err == ""  # a short pass: nothing
+    finally:
+        sys.path.remove(str(project / "src"))
+        for name in [m for m in sys.modules if m == "passes" or m.startswith("passes.")]:
+            del sys.modules[name]

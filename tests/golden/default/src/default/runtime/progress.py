@@ -6,6 +6,8 @@ import time
 
 from tqdm import tqdm
 
+PASS_LINE_EVERY_S = 30.0  # in a log, a long pass over data says where it is this often
+
 
 class Progress:
     """A progress bar with loss, throughput and ETA on a terminal; plain lines when logged to a file."""
@@ -38,3 +40,22 @@ class Progress:
 
     def close(self) -> None:
         self.bar.close()
+
+
+def announced(batches, what: str, every: float = PASS_LINE_EVERY_S):
+    """`batches`, passed through, saying where a long pass is: on a terminal a bar that appears
+    after 2 s and goes when the pass ends; in a log a line on stderr every `every` seconds."""
+    try:
+        total = len(batches)
+    except TypeError:  # an iterable without a length
+        total = "?"
+    if sys.stderr.isatty():
+        yield from tqdm(batches, desc=what, unit="batch", leave=False, delay=2.0, dynamic_ncols=True)
+        return
+    start = last = time.perf_counter()
+    for done, batch in enumerate(batches, 1):
+        yield batch  # the caller's work on it is timed too
+        now = time.perf_counter()
+        if now - last >= every and done != total:
+            print(f"{what}: {done}/{total} batches, {now - start:.0f} s", file=sys.stderr, flush=True)
+            last = now

@@ -16,6 +16,7 @@ from ..config import Config, ConfigError
 from ..model import Metrics, build_model, compute_loss
 from ..optim import build_optimizer, lr_factor
 from . import distributed
+from .progress import announced
 
 PRECISION = "fp16"
 AMP_DTYPE = torch.float16  # autocast dtype; losses stay in fp32
@@ -116,7 +117,8 @@ def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, 
     """The validation loss (compute_loss, averaged over examples) and the task's metrics."""
     engine.model.eval()
     metrics = Metrics(splits, device)
-    for x, y in loader:
+    batches = announced(loader, "validating") if distributed.is_main_process() else loader
+    for x, y in batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=AMP_DTYPE):
             output = engine.forward(x)
