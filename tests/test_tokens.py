@@ -269,6 +269,34 @@ def test_a_corpus_smaller_than_a_block_and_a_damaged_folder_are_refused(project,
     _one_line_exit_2(run(project, *train), "no meta.json")
 
 
+def test_a_flipped_byte_in_a_token_file_is_refused_and_an_old_folder_warns(project, text, tmp_path):
+    """A flipped byte in a prepared train.bin trained silently: each 16 MiB chunk of the token
+    files now has its digest in meta.json, checked when the folder is opened."""
+    folder = tmp_path / "prepared"
+    assert prepare(project, "--data", text, "--tokenizer", "char", "--out", folder).returncode == 0
+    meta = json.loads((folder / "meta.json").read_text())
+    assert meta["chunk_bytes"] == 16 << 20 and len(meta["chunk_digests"]["train.bin"]) == 1
+    train = ("train", "--data", folder, "--run-dir", tmp_path / "run", *TINY, "--max-steps", "2")
+    clean = run(project, *train)
+    assert clean.returncode == 0 and "warning" not in clean.stderr, clean.stderr
+
+    data = bytearray((folder / "train.bin").read_bytes())
+    data[len(data) // 2] ^= 0x01  # one bit, same size: the size check cannot see it
+    (folder / "train.bin").write_bytes(bytes(data))
+    damaged = ("train", "--data", folder, "--run-dir", tmp_path / "damaged", *TINY)
+    _one_line_exit_2(
+        run(project, *damaged),
+        f"{folder / 'train.bin'}: bytes 0-{len(data):,} (chunk 0) do not match their digest",
+    )
+    assert not (tmp_path / "damaged").exists()
+
+    old = {k: v for k, v in meta.items() if k not in ("chunk_bytes", "chunk_digests")}
+    (folder / "meta.json").write_text(json.dumps(old))  # as prepared before the digests
+    unverified = run(project, *train, "--run-dir", tmp_path / "old")
+    assert unverified.returncode == 0, unverified.stderr
+    assert "prepared without chunk digests, so read unverified" in unverified.stderr
+
+
 def test_train_refuses_what_prepare_reads_and_points_to_prepare(project, tmp_path):
     """Read as characters, a .jsonl would teach the JSON syntax: train refuses it, and a folder of
     .txt files, naming the two commands that train on them."""
