@@ -237,6 +237,36 @@ def test_bpe_without_the_tokenizers_package_is_one_line(project, text, tmp_path)
     assert not out.exists() and not list(tmp_path.glob(".out*"))
 
 
+def test_prepare_on_a_full_disk_is_one_line_and_leaves_nothing(project, text, tmp_path):
+    """Two OSError tracebacks before; the token files' writes fail as on a full disk here."""
+    out = tmp_path / "out"
+    code = (
+        "import errno, io, runpy, sys\n"
+        "real = io.open\n"
+        "class Full:\n"
+        "    def __init__(self, f): self.f, self.n = f, 0\n"
+        "    def write(self, data):\n"
+        "        self.n += len(data)\n"
+        "        if self.n > 2000: raise OSError(errno.ENOSPC, 'No space left on device')\n"
+        "        return self.f.write(data)\n"
+        "    def __getattr__(self, name): return getattr(self.f, name)\n"
+        "    def __enter__(self): return self\n"
+        "    def __exit__(self, *exc): self.f.close()\n"
+        "def full(file, mode='r', *args, **kwargs):\n"
+        "    f = real(file, mode, *args, **kwargs)\n"
+        "    return Full(f) if 'w' in mode and str(file).endswith('.bin') else f\n"
+        "io.open = full\n"
+        f"sys.argv = ['{{pkg}}', 'prepare', '--data', '{text}', '--tokenizer', 'char', "
+        f"'--out', '{out}']\n"
+        "runpy.run_module('{pkg}', run_name='__main__')"
+    )
+    done = python(project, code, check=False)
+    assert done.returncode == 1, done.stderr
+    said = f"error: cannot write {out}: No space left on device; nothing of it was kept\n"
+    assert done.stderr.endswith(said) and "Traceback" not in done.stderr, done.stderr
+    assert not out.exists() and not list(tmp_path.glob(".out*"))
+
+
 def test_a_corpus_smaller_than_a_block_and_a_damaged_folder_are_refused(project, tmp_path):
     small = tmp_path / "small.txt"
     small.write_text("one two\nthree four five\nsix\nseven eight\n")
