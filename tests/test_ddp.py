@@ -398,3 +398,28 @@ def test_a_second_ddp_launch_on_a_running_run_folder_is_refused(project):
     assert by == "SIGTERM"
     train_steps = [r["step"] for r in records(project / run_dir) if r["split"] == "train"]
     assert train_steps == list(range(1, step + 1))  # the first run's records all there, once
+
+
+def test_a_torch_older_than_the_floor_is_one_line_not_a_ddp_traceback(project):
+    """On a GPU machine with torch 2.11, DDP raised `unexpected keyword argument
+    'forward_sync_buffers'` in every rank: the project's torch>=2.13 is now said in one line."""
+    code = (
+        "import sys, torch\n"
+        "class OldDDP(torch.nn.Module):\n"  # torch 2.11's signature: no forward_sync_buffers
+        "    def __init__(self, module, device_ids=None, broadcast_buffers=True):\n"
+        "        super().__init__()\n"
+        "torch.nn.parallel.DistributedDataParallel = OldDDP\n"
+        "from ddp_demo.runtime import distributed\n"
+        "from ddp_demo.config import ConfigError\n"
+        "try:\n"
+        "    distributed.wrap(torch.nn.Linear(2, 2), None, torch.device('cpu'))\n"
+        "except ConfigError as error:\n"
+        "    print(error)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=project, env=_env(project), capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(
+        f"torch {torch.__version__} is older than this project's torch>=2.13"
+    )
