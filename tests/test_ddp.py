@@ -211,6 +211,66 @@ def test_a_killed_worker_is_restarted_and_the_run_ends_bit_identical(project, tw
     assert records(project / "runs" / "killed") == records(two_process_run)  # bit for bit
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def test_workers_stop_with_their_launcher_killed_and_a_relaunch_resumes_bit_identical(
+    project, two_process_run
+):
+    """kill -9 of torchrun left both workers training on (each in a session of its own, holding
+    the run folder). Each worker now asks Linux for SIGTERM when its launcher dies: both stop at
+    the same step with its checkpoint, within seconds, and the same command resumes from it."""
+    command = _torchrun(
+        project, "train", "--run-dir", "runs/orphaned", "--max-steps", "60", "--batch-size", "16",
+        *SMALL, extra=("--nnodes", "1"),
+    )  # fmt: skip
+    launcher = subprocess.Popen(command, cwd=project, env=_env_ddp(project), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in launcher.stdout:  # the workers write to it too, after the launcher is gone
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    output, workers, killed_at = [], {}, None
+    deadline = time.monotonic() + 300
+    try:
+        while (line := lines.get(timeout=max(deadline - time.monotonic(), 0.1))) is not None:
+            output.append(line)
+            if line.startswith("ranks: ") and not workers:
+                workers = _workers(launcher, "ddp_demo")
+            if line.startswith("step 25/") and killed_at is None:
+                launcher.kill()  # SIGKILL: torchrun can pass nothing on
+                killed_at = time.monotonic()
+        stopped_in = time.monotonic() - killed_at
+    finally:
+        launcher.kill()
+        for pid in workers.values():
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+    log = "".join(output)
+    assert sorted(workers) == [0, 1] and killed_at is not None, log[-3000:]
+    assert not any(_alive(pid) for pid in workers.values())
+    assert stopped_in < 20, log[-3000:]
+    stopped = [line for line in log.splitlines() if line.startswith("stopped at step ")]
+    assert len(stopped) == 1 and "by SIGTERM" in stopped[0], log[-3000:]  # rank 0 speaks for all
+    step = int(stopped[0].split()[3])
+    assert 25 <= step < 60
+
+    again = subprocess.run(command, cwd=project, env=_env_ddp(project), capture_output=True,
+                           text=True, timeout=600)  # fmt: skip
+    assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
+    assert f"at step {step}" in again.stdout and "resuming from" in again.stdout
+    assert records(project / "runs" / "orphaned") == records(two_process_run)  # bit for bit
+
+
 # --- stop signals under torchrun: every rank stops at the same step, with its checkpoint ---------
 
 STOPPED = re.compile(r"^stopped at step (\d+) by (SIG\w+); checkpoint (\S+); run the same command")

@@ -13,7 +13,9 @@ writes run.json and metrics.jsonl; every rank writes its shards of each checkpoi
 """
 
 import contextlib
+import ctypes
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -52,6 +54,7 @@ def init_distributed(device_type: str) -> Dist:
         return Dist(dist.get_rank(), dist.get_world_size(), int(os.environ.get("LOCAL_RANK", 0)))
     backend = "nccl" if device_type == "cuda" else "gloo"
     if "RANK" in os.environ:  # started by torchrun
+        stop_with_launcher()
         rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
         local_rank = int(os.environ["LOCAL_RANK"])
         if device_type == "cuda":
@@ -64,6 +67,21 @@ def init_distributed(device_type: str) -> Dist:
         rank, world_size, local_rank = 0, 1, 0
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return Dist(rank, world_size, local_rank)
+
+
+PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h): a signal for when the parent dies
+
+
+def stop_with_launcher() -> None:
+    """Has Linux send this worker SIGTERM when torchrun, its parent, dies by any signal (a kill -9
+    of the launch script too): it then stops as on a stop signal, with a checkpoint, rather than
+    train on alone in the session torchrun gave it, holding the run folder. Not on other systems."""
+    if sys.platform != "linux":
+        return
+    launcher = os.getppid()
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != launcher:  # it died before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def is_main_process() -> bool:
