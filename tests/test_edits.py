@@ -285,7 +285,7 @@ def test_a_table_of_a_few_hundred_rows_checks_and_trains_soundly(tmp_path):
     done = run(project, "train", "--data", table, "--run-dir", "runs/small")
     assert done.returncode == 0, done.stderr
     assert (
-        "plan: 270 training examples make 1 steps an epoch: validating every 1 steps"
+        "plan: 270 training examples make 1 steps an epoch: validating every 10 steps"
         in done.stderr + done.stdout
     )
     val = [

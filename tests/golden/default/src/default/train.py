@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .config import EVAL_EVERY_MAX, RESUME_FIXED, Config, ConfigError
+from .config import EVAL_EVERY_MAX, EVAL_EVERY_MIN, RESUME_FIXED, Config, ConfigError
 from .data import Splits, load_splits
 from .runtime.checkpoint import CheckpointDir, restore
 from .runtime.distributed import (
@@ -49,12 +49,18 @@ def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
 
     On a small data set an epoch is a few steps and the model can overfit long before a fixed
     eval_every comes round: with --eval-every 0 it validates every epoch (at most EVAL_EVERY_MAX
-    steps apart), so early stopping and best.pt see the best point.
+    steps apart), so early stopping and best.pt see the best point. Yet at least
+    EVAL_EVERY_MIN steps apart: a 333-row table's epoch is one step, and validating every step
+    would spend --patience on a few steps' noise and print a line a step. The schedule depends
+    only on the data's size and settings fixed on resume, so a resumed run validates where the
+    uninterrupted one did.
     """
     steps_per_epoch = max(1, sampler.batches_per_epoch() // cfg.grad_accum_steps)
     size = f"{sampler.n_examples:,} training examples make {steps_per_epoch:,} steps an epoch"
     if cfg.eval_every:
         every, why = cfg.eval_every, "as --eval-every asks"
+    elif steps_per_epoch < EVAL_EVERY_MIN:
+        every, why = EVAL_EVERY_MIN, f"at least {EVAL_EVERY_MIN} steps apart, as epochs are short"
     elif steps_per_epoch <= EVAL_EVERY_MAX:
         every, why = steps_per_epoch, "once an epoch"
     else:

@@ -57,7 +57,7 @@ class Config:
     weight_decay: float = fixed(0.1)  # AdamW decay, on weight matrices only (not biases or norms)
     grad_clip: float = fixed(1.0)  # max global gradient norm: exploding gradients stay silent until NaN
     # validation and early stopping
-    eval_every: int = 0  # steps between validations; 0: every epoch, at most EVAL_EVERY_MAX apart
+    eval_every: int = 0  # steps between validations; 0: every epoch, 10 to 200 apart (EVAL_EVERY_MIN/MAX)
     patience: int = 10  # validations without improvement before stopping early (best is kept); 0: never
     # bookkeeping
     run_dir: str = "runs/default"  # run.json, metrics.jsonl and checkpoints/; reused to resume
@@ -94,6 +94,7 @@ class Config:
 
 # Fields a resumed run must keep (marked with fixed() above): it refuses to continue otherwise.
 RESUME_FIXED = tuple(f.name for f in dataclasses.fields(Config) if f.metadata.get("resume") == "fixed")
+EVAL_EVERY_MIN = 10  # validation steps apart at least when --eval-every is 0 (small tables: a step an epoch)
 EVAL_EVERY_MAX = 200  # validation steps apart at most when --eval-every is 0 (epochs can be long)
 
 
