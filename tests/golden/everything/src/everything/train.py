@@ -253,8 +253,8 @@ def run_steps(
             log_train(run, progress, state, loss.item(), lr, grad_norm.item(), int(skipped.item()), say)
         waits[1] += time.perf_counter() - step_started  # to the logging sync; not validation
         if state.step % eval_every == 0 or last:
-            # Every validation is recorded; its line printed at most once in --log-every steps (a
-            # small table validates every step), and the last and an early stop always.
+            # Every validation is recorded; its line printed at most once in --log-every steps (an
+            # --eval-every below it validates more often), and the last and an early stop always.
             show = last or state.step - shown >= cfg.log_every
             shown = state.step if show else shown
             stop = validate(cfg, engine, splits, device, state, val_loader, run, checkpoints, say, show)
