@@ -37,6 +37,16 @@ def test_a_small_table_validates_every_10_steps_not_every_step(tmp_path):
     assert printed[-1].startswith(f"step {last}  val loss ")
     assert "best val loss " in done.stdout.splitlines()[-1]
 
+    often = ("--eval-every", "2", "--max-steps", "60", "--patience", "0")
+    done = run(project, "train", "--data", "small.csv", "--run-dir", "runs/often", *often)
+    assert done.returncode == 0, done.stderr
+    records = [
+        json.loads(line) for line in (project / "runs/often/metrics.jsonl").read_text().splitlines()
+    ]
+    assert [r["step"] for r in records if r["split"] == "val"] == list(range(2, 61, 2))
+    printed = [line.split()[1] for line in done.stdout.splitlines() if "  val loss " in line]
+    assert printed == [str(step) for step in range(2, 61, 10)] + ["60"], printed  # --log-every 10
+
 
 def test_a_long_validation_says_where_it_is_in_a_log_and_a_short_one_says_nothing(tmp_path, capsys):
     """On a 5,000-image folder nothing was printed for minutes while validation ran. In a log
