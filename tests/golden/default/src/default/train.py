@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from .config import EVAL_EVERY_MAX, EVAL_EVERY_MIN, Config
+from .config import EVAL_EVERY_MAX, EVAL_EVERY_MIN, RESUME_FIXED, Config, ConfigError
 from .data import Splits, load_splits
 from .runtime.checkpoint import CheckpointDir, restore
 from .runtime.distributed import (
@@ -33,7 +33,7 @@ from .runtime.distributed import (
 from .runtime.engine import PRECISION, Engine, evaluate, setup, train_step
 from .runtime.loader import EpochBatches, build_loaders, close
 from .runtime.progress import Progress
-from .runtime.resume import check_checkpoints_kept, check_resumable, schedule_horizon
+from .runtime.records import RunRecordError, read_metrics, read_record
 from .runtime.rng import rng_state, set_rng_state
 from .runtime.runlog import RunLog, SilentRunLog, run_record
 from .runtime.state import TrainState, micro_batches, waited
@@ -67,6 +67,64 @@ def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
         every, why = EVAL_EVERY_MAX, f"every {EVAL_EVERY_MAX} steps, as epochs are long"
     stop = f"early stop after {cfg.patience} without improvement" if cfg.patience else "no early stop"
     return every, f"plan: {size}: validating every {every} steps ({why}), {stop}, best.pt kept"
+
+
+def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
+    """Refuses a checkpoint of other settings: the run would not go on as it started."""
+    saved = checkpoint["config"]
+    changed = [
+        f"{k} {saved.get(k)!r} -> {getattr(cfg, k)!r}"
+        for k in RESUME_FIXED
+        if saved.get(k) != getattr(cfg, k)
+    ]
+    changed += [
+        f"data {k} {checkpoint['data'].get(k)!r} -> {v!r}"
+        for k, v in splits.describe().items()
+        if checkpoint["data"].get(k) != v
+    ]
+    if changed:
+        raise ConfigError(
+            f"{cfg.run_dir} holds a run with other settings ({'; '.join(changed)}): "
+            "resume with its settings, or start a new --run-dir"
+        )
+
+
+def check_checkpoints_kept(run_dir: Path) -> None:
+    """Refuses a run folder whose checkpoints/ or step checkpoints were deleted: starting again at
+    step 0 would overwrite its records. A start makes checkpoints/ before it writes run.json, so a
+    run killed before its first checkpoint has the folder (empty) and starts again; a run whose
+    records go past its first checkpoint's step (or that finished) had one."""
+    if not (run_dir / "run.json").exists():
+        return
+    if not (run_dir / "checkpoints").exists():
+        raise ConfigError(
+            f"{run_dir / 'checkpoints'} is missing, so the run in {run_dir} cannot resume:"
+            " start over in a new --run-dir"
+        )
+    if any((run_dir / "checkpoints").glob("step-*")) or not (run_dir / "metrics.jsonl").exists():
+        return
+    try:
+        record = read_record(run_dir)
+    except RunRecordError:
+        return  # rebuilt on resume, with a warning
+    reached = max((r["step"] for r in read_metrics(run_dir) if r["split"] == "train"), default=0)
+    if record.get("finished") or reached > record["config"].get("ckpt_every", math.inf):
+        raise ConfigError(
+            f"{run_dir / 'checkpoints'} holds no step checkpoint, though the run in {run_dir} reached"
+            f" step {reached} and saved them: it cannot resume: start over in a new --run-dir"
+        )
+
+
+def schedule_horizon(cfg: Config, step: int, planned: int) -> int:
+    """The cosine decay's horizon for a run resumed at `step` that was planned for `planned` steps
+    (see config.fixed): a raised --max-steps keeps the plan, a lowered one re-plans it, and one
+    below `step` is refused."""
+    if cfg.max_steps < step:
+        raise ConfigError(
+            f"{cfg.run_dir} is at step {step} (of {planned} planned), past --max-steps {cfg.max_steps}:"
+            f" give --max-steps {step} or more, or start over in a new --run-dir"
+        )
+    return cfg.max_steps if step < cfg.max_steps < planned else planned
 
 
 def restore_run(cfg, splits, engine, run, checkpoints, group: Dist, say) -> tuple[TrainState, dict | None]:
