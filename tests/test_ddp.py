@@ -4,6 +4,7 @@ torchrun and the run ends bit-identical to an uninterrupted one."""
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import re
@@ -19,6 +20,8 @@ import pytest
 import torch
 from test_project import _env, records, render
 
+FAULTS = Path(__file__).resolve().parent / "fault_inject"
+
 SMALL = ("--max-train-examples", "1024", "--ckpt-every", "10", "--eval-every", "25",
          "--log-every", "1", "--deterministic", "--num-workers", "0", "--dropout", "0")  # fmt: skip
 
@@ -30,8 +33,9 @@ def _port() -> int:
 
 
 def _torchrun(project, *args, nproc=2, extra=(), **popen) -> list[str]:
+    """The project's launcher (runtime/launch.py, torchrun with its exit statuses), as scripts/ run it."""
     package = next((project / "src").iterdir()).name
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
+    return [sys.executable, "-m", f"{package}.runtime.launch", "--nproc-per-node", str(nproc),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{popen.pop('port', _port())}",
             *extra, "-m", package, *map(str, args)]  # fmt: skip
 
@@ -355,7 +359,8 @@ def test_a_signal_to_torchrun_stops_every_rank_at_one_step(project, two_process_
     assert sorted(p.name for p in (project / run_dir / "checkpoints").glob("step-*.pt"))[-1] == (
         f"step-{step:08d}.pt"
     )
-    assert launcher.returncode != 0  # torchrun reports the signal it was sent
+    assert launcher.returncode == 128 + signum, log[-3000:]  # as a shell reports a signal's end
+    assert "Traceback" not in log, log[-3000:]
     print(f"ddp {name}: signalled at step {SIGNALLED_AT}, stopped at {step}, exit {seconds:.2f} s")
     assert seconds < 30
     _resume_and_compare(project, run_dir, two_process_run, step)
@@ -438,8 +443,9 @@ def test_a_second_ddp_launch_on_a_running_run_folder_is_refused(project):
 
     def launch() -> list[str]:  # each launch its own rendezvous port
         return _torchrun(
-            project, "train", "--run-dir", run_dir, *until_stopped, extra=("--nnodes", "1")
-        )
+            project, "train", "--run-dir", run_dir, *until_stopped,
+            extra=("--nnodes", "1", "--max-restarts", "3"),
+        )  # fmt: skip
 
     pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True}
     first = subprocess.Popen(launch(), cwd=project, env=_env_ddp(project), **pipes)
@@ -461,9 +467,11 @@ def test_a_second_ddp_launch_on_a_running_run_folder_is_refused(project):
         if first.poll() is None:
             _stop(first, "ddp_demo")
 
-    refusals = [line for line in second.stderr.splitlines() if "is in use by pid" in line]
-    assert second.returncode != 0
+    refusals = [line for line in second.stderr.splitlines() if line.startswith("error: ")]
+    assert second.returncode == 2, second.stderr[-3000:]  # a refusal: never restarted
     assert len(refusals) == 1 and f"on {socket.gethostname()}" in refusals[0], second.stderr[-3000:]
+    assert "is in use by pid" in refusals[0] and "Traceback" not in second.stderr
+    assert second.stderr.rstrip().splitlines()[-1] == f"ddp_demo: rank 0 ended the job: {refusals[0]}"
     assert still_running
     step, by, _ = _stopped(rest)
     assert by == "SIGTERM"
@@ -494,3 +502,25 @@ def test_a_torch_older_than_the_floor_is_one_line_not_a_ddp_traceback(project):
     assert done.stdout.startswith(
         f"torch {torch.__version__} is older than this project's torch>=2.13"
     )
+
+
+def _full_disk(project, run_dir: str, fault: dict, nproc: int = 2) -> subprocess.CompletedProcess:
+    """A 30-step run under the launcher (no restarts) whose `fault` fills the disk at a save."""
+    env = _env_ddp(project)
+    env["PYTHONPATH"] = f"{FAULTS}:{env['PYTHONPATH']}"
+    env["SCAFFOLD_FAULT"] = json.dumps(fault)
+    command = _torchrun(project, "train", "--run-dir", run_dir, "--max-steps", "30", "--batch-size",
+                        "16", *SMALL, nproc=nproc, extra=("--nnodes", "1"))  # fmt: skip
+    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_a_full_disk_on_rank_0_ends_the_job_in_its_line_with_no_traceback_from_any_rank(project):
+    """Rank 0 alone writes under ddp. Its checkpoint at step 20 meets a full disk: it says so in
+    one line; rank 1, whose next all-reduce loses rank 0, says nothing (gloo's traceback before),
+    and the launcher ends the job with 1 and one line naming rank 0 and its reason."""
+    done = _full_disk(project, "runs/full", {"at": "fsync", "match": "step-", "nth": 2, "do": "ENOSPC"})
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in output, output[-4000:]
+    reason = "cannot write checkpoint runs/full/checkpoints/step-00000020.pt: No space left on device"
+    assert f"error: {reason}" in done.stderr.splitlines(), output[-4000:]
+    assert done.stderr.rstrip().splitlines()[-1] == f"ddp_demo: rank 0 ended the job: error: {reason}"

@@ -13,7 +13,7 @@ import time
 
 import pytest
 import torch
-from test_ddp import SMALL, _env_ddp, _port, _torchrun, _workers
+from test_ddp import SMALL, _env_ddp, _full_disk, _port, _torchrun, _workers
 from test_project import _env, records, render
 
 PACKAGE = "fsdp_demo"
@@ -300,11 +300,48 @@ def test_a_resume_with_another_model_size_is_refused_in_one_line(project, two_pr
     subprocess.run(["cp", "-r", str(two_process_run), str(run_dir)], check=True)
     command = _torchrun(project, "train", "--run-dir", "runs/wider", "--max-steps", "50",
                         "--batch-size", "16", *SMALL, "--hidden-dim", "64",
-                        extra=("--nnodes", "1"))  # fmt: skip
+                        extra=("--nnodes", "1", "--max-restarts", "3"))  # fmt: skip
     done = subprocess.run(command, cwd=project, env=_env_ddp(project), capture_output=True,
                           text=True, timeout=300)  # fmt: skip
-    assert done.returncode != 0
+    assert done.returncode == 2  # a refusal, ended at once: a restart would refuse again
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "hidden_dim" in errors[0] and "-> 64" in errors[0], done.stderr
-    assert "[rank0]: Traceback" not in done.stderr and "[rank1]: Traceback" not in done.stderr
+    assert "Traceback" not in done.stderr
     assert records(run_dir) == records(two_process_run)  # left as it was
+
+
+def test_a_full_disk_on_rank_1_is_named_by_rank_and_reason_with_no_traceback(project):
+    """Every rank writes its shards: rank 1's fill the disk. DCP gathers each rank's exception into
+    a CheckpointException whose text is one traceback a rank; the line names rank 1 and the disk
+    full instead, rank 0 says it, and the job ends with 1 and that line."""
+    fault = {"at": "fsync", "match": ".distcp", "nth": 1, "do": "ENOSPC", "rank": 1}
+    done = _full_disk(project, "runs/full", fault)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in output, output[-4000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: cannot write checkpoint runs/full/")
+    assert errors[0].endswith(": rank 1: No space left on device"), output[-4000:]
+    assert done.stderr.rstrip().splitlines()[-1].endswith(f"ended the job: {errors[0]}")
+
+
+def test_sigterm_to_the_launcher_ends_the_job_with_143_and_the_resume_is_bit_identical(
+    project, two_process_run
+):
+    """SIGTERM to the launcher (what SLURM and Kubernetes send): every rank stops at one step with
+    its shards written, rank 0 says so, and the job exits 143 without torchrun's traceback."""
+    command = _torchrun(project, "train", "--run-dir", "runs/stopped", "--max-steps", "40",
+                        "--batch-size", "16", *SMALL, extra=("--nnodes", "1"))  # fmt: skip
+    launcher = subprocess.Popen(command, cwd=project, env=_env_ddp(project), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    output = []
+    for line in launcher.stdout:
+        output.append(line)
+        if line.startswith("step 15/"):
+            launcher.send_signal(signal.SIGTERM)
+    launcher.wait(timeout=120)
+    log = "".join(output)
+    assert launcher.returncode == 143 and "Traceback" not in log, log[-3000:]
+    stopped = [line for line in log.splitlines() if line.startswith("stopped at step ")]
+    assert len(stopped) == 1 and "by SIGTERM" in stopped[0], log[-3000:]
+    _train(project, "runs/stopped", 40, 16)
+    assert records(project / "runs" / "stopped") == records(two_process_run)  # bit for bit

@@ -8,6 +8,7 @@ describes one fault in the SCAFFOLD_FAULT environment variable (JSON):
      "nth": 2,              # the nth matching call in this process
      "do": "kill"|"torn"|"ENOSPC"|"EROFS"|"EIO"|"SIGINT"|"SIGINT2"}
      # SIGKILL; SIGKILL after tearing; raise errno; one or two SIGINTs to itself, as Ctrl-C
+     "rank": 1,             # only in this torchrun rank (RANK), where given
     {"readonly": "/some/dir"}   # every write under it fails with EROFS, as on a read-only mount
     {"scaler_init_scale": 1e30} # fp16 GradScaler overflows and skips steps at first
 
@@ -180,5 +181,5 @@ if _SPEC is not None:
         _readonly(_SPEC["readonly"])
     elif "scaler_init_scale" in _SPEC:
         _scaler(_SPEC["scaler_init_scale"])
-    else:
+    elif os.environ.get("RANK", "0") == str(_SPEC.get("rank", os.environ.get("RANK", "0"))):
         _fault(_SPEC)

@@ -22,7 +22,7 @@ from pathlib import Path
 from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
 from .runtime.checkpoint import CheckpointError, export
-from .runtime.distributed import is_main_process, shutdown
+from .runtime.distributed import is_main_process, leave_with_the_group, lost_a_rank, shutdown, tell_launcher
 from .runtime.runlog import RunDirError
 from .runtime.stopping import Aborted, RunFolderBusy
 from .tools.checks import run_checks
@@ -112,14 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_command(args)
     except FAILURES as error:
-        bad_input = isinstance(error, BAD_INPUT)
-        if not bad_input or is_main_process():  # every rank finds bad input: one says so
+        tell_launcher(f"error: {error}")  # which names a failed rank when the job ends
+        if is_main_process():  # one rank speaks for all
             print(f"error: {error}", file=sys.stderr)
-        return 2 if bad_input else 1
+        return 2 if isinstance(error, BAD_INPUT) else 1
     except KeyboardInterrupt as error:  # before training started, or a second stop signal (Aborted)
         how = f"aborted by a second {error}" if isinstance(error, Aborted) else "interrupted"
         print(f"{how}: the newest checkpoint is intact; run the same command to resume", file=sys.stderr)
         return error.status if isinstance(error, Aborted) else 130
+    except Exception as error:  # a crash: its traceback here, its last line for the launcher
+        if lost_a_rank(error):  # a collective's, as another rank ended
+            return leave_with_the_group()
+        tell_launcher(f"{type(error).__name__}: {error}".splitlines()[0])
+        raise
     finally:
         shutdown()
 

@@ -255,9 +255,19 @@ def _save_sharded(payload: dict, target: Path, main: bool) -> None:
         if isinstance(error, OSError):
             raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None
         if isinstance(error, dcp.api.CheckpointException):  # a rank's write failed: every rank raises
-            raise CheckpointError(f"cannot write checkpoint {target}: {str(error).splitlines()[0]}") from None
+            raise CheckpointError(f"cannot write checkpoint {target}: {_first_failure(error)}") from None
         raise
     barrier()  # every rank goes on with the checkpoint in place
+
+
+def _first_failure(error: dcp.api.CheckpointException) -> str:
+    """The lowest failed rank's reason, from the exceptions DCP gathered from every rank (its own
+    message lists them as tracebacks): "rank 1: No space left on device"."""
+    rank, (cause, _) = min(error.failures.items(), key=lambda item: item[0])
+    while not isinstance(cause, OSError) and cause.__context__ is not None:
+        cause = cause.__context__  # torch.save's writer turns a failed write into its own error
+    reason = cause.strerror if isinstance(cause, OSError) and cause.strerror else str(cause).splitlines()[0]
+    return f"rank {rank}: {reason or type(cause).__name__}"
 
 
 def export(checkpoint: Path, out: Path) -> Path:

@@ -14,6 +14,7 @@ writes run.json and metrics.jsonl; every rank writes its shards of each checkpoi
 
 import contextlib
 import ctypes
+import json
 import os
 import signal
 import socket
@@ -22,6 +23,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -82,6 +84,31 @@ def stop_with_launcher() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     if os.getppid() != launcher:  # it died before the request was made
         os.kill(os.getpid(), signal.SIGTERM)
+
+
+def tell_launcher(line: str, lost_a_rank: bool = False) -> None:
+    """Leaves this worker's last line where torchrun's agent reads it when the worker exits
+    (TORCHELASTIC_ERROR_FILE): the launcher (runtime/launch.py) names it when the job ends."""
+    if path := os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        record = {"message": line, "timestamp": int(time.time()), "lost_a_rank": lost_a_rank}
+        Path(path).write_text(json.dumps(record), encoding="utf-8")
+
+
+def leave_with_the_group() -> int:
+    """For a rank whose collective failed as another rank ended: tells the launcher so, quietly
+    (the rank that ended says why), and waits a moment before it exits with 1, so that the launcher
+    sees that rank end first (and stops this one meanwhile)."""
+    tell_launcher("stopped: another rank ended, and with it the process group", lost_a_rank=True)
+    time.sleep(3)
+    return 1
+
+
+def lost_a_rank(error: Exception) -> bool:
+    """Whether `error` is a collective's that failed because another rank's process ended
+    (gloo's "Connection closed by peer", or a broken connection to the group's store)."""
+    return isinstance(error, dist.DistNetworkError) or (
+        isinstance(error, RuntimeError) and "/gloo/transport/" in str(error)
+    )
 
 
 def is_main_process() -> bool:
@@ -171,8 +198,9 @@ def shutdown() -> None:
 
 
 def run_as_processes(processes: int) -> int | None:
-    """Outside torchrun, runs this very command again under torchrun as `processes` processes, with
-    a c10d rendezvous on this machine, and returns its exit status; None inside torchrun."""
+    """Outside torchrun, runs this very command again under torchrun (runtime/launch.py) as
+    `processes` processes, with a c10d rendezvous on this machine, and returns its exit status;
+    None inside torchrun."""
     if "RANK" in os.environ:
         return None
     with socket.socket() as probe:
@@ -180,8 +208,9 @@ def run_as_processes(processes: int) -> int | None:
         port = probe.getsockname()[1]
     package = __package__.rpartition(".")[0]  # the project's, above runtime
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(processes),
-        "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", package, *sys.argv[1:],
+        sys.executable, "-m", f"{package}.runtime.launch", "--nnodes", "1",
+        "--nproc-per-node", str(processes), "--rdzv-backend", "c10d",
+        "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", package, *sys.argv[1:],
     ]  # fmt: skip
     return subprocess.run(command).returncode
 
