@@ -3,14 +3,18 @@ train_skypilot.yaml), run on this machine as their engines would run them: the c
 manifest gives its nodes, taken from the parsed YAML, once per node, with the variables that
 engine sets on that node.
 
-What each engine sets, as its documentation and source say:
-- Kubeflow Trainer v2.3, torch plugin (pkg/runtime/framework/plugins/torch/torch.go): PET_NNODES,
-  PET_NPROC_PER_NODE, PET_NODE_RANK (the Job completion index), PET_MASTER_ADDR (pod 0 of the
-  job) and PET_MASTER_PORT (29500 there; a free port here, so runs on one machine do not meet).
-- SkyPilot (docs: running-jobs/environment-variables and distributed-jobs): SKYPILOT_NUM_NODES,
-  SKYPILOT_NODE_RANK, SKYPILOT_NODE_IPS (one a line, the head node's first) and
-  SKYPILOT_NUM_GPUS_PER_NODE (0 without GPUs). It sets no port: the script's default, 29500,
-  is replaced here by a free one through MASTER_PORT.
+What each engine sets on a node, and where that was checked:
+- Kubeflow Trainer v2.3.0: the torch plugin (kubeflow/trainer pkg/runtime/framework/plugins/torch/
+  torch.go, names and port in pkg/constants/constants.go) sets PET_NNODES (numNodes),
+  PET_NPROC_PER_NODE (numProcPerNode), PET_NODE_RANK (the Job completion index), PET_MASTER_ADDR
+  (<job>-node-0-0.<job>, pod 0) and PET_MASTER_PORT (29500; a free port here, so runs on one
+  machine do not meet), and rejects a TrainJob whose trainer.env sets any of them; the runtime's
+  replicated job and container are both named `node` (manifests/base/runtimes/
+  torch_distributed.yaml). The user guide: kubeflow.org/docs/components/trainer/.
+- SkyPilot (docs.skypilot.co: running-jobs/environment-variables, running-jobs/distributed-jobs;
+  sky/backends/task_codegen.py in skypilot 0.14.1): SKYPILOT_NUM_NODES, SKYPILOT_NODE_RANK,
+  SKYPILOT_NODE_IPS (one address a line, the head node's first) and SKYPILOT_NUM_GPUS_PER_NODE
+  (0 for a task without GPUs). It sets no port: the script's default is 29500.
 
 Used by tests/test_ddp.py and tests/test_fsdp.py with their projects and reference runs."""
 
