@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import launchers
 import pytest
 import torch
 from test_project import _env, records, render
@@ -524,3 +525,17 @@ def test_a_full_disk_on_rank_0_ends_the_job_in_its_line_with_no_traceback_from_a
     reason = "cannot write checkpoint runs/full/checkpoints/step-00000020.pt: No space left on device"
     assert f"error: {reason}" in done.stderr.splitlines(), output[-4000:]
     assert done.stderr.rstrip().splitlines()[-1] == f"ddp_demo: rank 0 ended the job: error: {reason}"
+
+
+# --- the cluster launchers: Kubeflow Trainer and SkyPilot, run as 2 nodes on this machine --------
+
+
+@pytest.mark.parametrize("launcher", launchers.LAUNCHERS)
+def test_a_cluster_launcher_trains_stops_on_sigterm_and_resumes_bit_identical(
+    project, two_process_run, launcher
+):
+    """The command of scripts/train_<launcher>.yaml, run on 2 "nodes" of 1 process with what the
+    engine sets on each: SIGTERM to both stops every rank at one step with its checkpoint and
+    exits 143; the same command then resumes, bit for bit."""
+    args = ["--run-dir", f"runs/{launcher}", "--max-steps", "60", "--batch-size", "16", *SMALL]
+    launchers.stop_and_resume(project, launcher, args, _env_ddp(project), two_process_run, _port)

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import launchers
 import pytest
 import torch
 from test_ddp import SMALL, _env_ddp, _full_disk, _port, _torchrun, _workers
@@ -345,3 +346,13 @@ def test_sigterm_to_the_launcher_ends_the_job_with_143_and_the_resume_is_bit_ide
     assert len(stopped) == 1 and "by SIGTERM" in stopped[0], log[-3000:]
     _train(project, "runs/stopped", 40, 16)
     assert records(project / "runs" / "stopped") == records(two_process_run)  # bit for bit
+
+
+def test_the_skypilot_task_trains_stops_on_sigterm_and_resumes_bit_identical(
+    project, two_process_run
+):
+    """scripts/train_skypilot.yaml's command on 2 "nodes" of 1 process, with SkyPilot's variables:
+    stopped by SIGTERM, it resumes bit for bit (tests/test_ddp.py runs both launchers; the
+    Kubeflow manifest runs the same script)."""
+    args = ["--run-dir", "runs/skypilot", "--max-steps", "40", "--batch-size", "16", *SMALL]
+    launchers.stop_and_resume(project, "skypilot", args, _env_ddp(project), two_process_run, _port)

@@ -8,6 +8,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from scaffold.errors import ScaffoldError
 
 RESIDUE = re.compile(r"\{%-?\s|\s-?%\}|\{\{\s|\s\}\}|\{#|#\}|\.jinja\b")
@@ -15,6 +17,8 @@ _TRACKER_MARKERS = {"tensorboard": "SummaryWriter", "wandb": "wandb", "mlflow": 
 _DISTRIBUTED_MARKERS = ("torch.distributed", "torchrun")  # in ddp and fsdp renders alone
 _DDP_MARKERS = ("DistributedDataParallel", "no_sync")
 _FSDP_MARKERS = ("fully_shard", "torch.distributed.checkpoint", "set_requires_gradient_sync")
+# What asks a cluster for GPUs, in each launcher of scripts/: SLURM, Kubeflow Trainer, SkyPilot.
+_GPU_REQUESTS = ("--gpus-per-node", "nvidia.com/gpu", "accelerators:")
 
 
 def lint_problems(project: Path, answers: dict[str, Any]) -> list[str]:
@@ -74,6 +78,18 @@ def lint_problems(project: Path, answers: dict[str, Any]) -> list[str]:
     everything = "\n".join(p.read_text(encoding="utf-8") for p in files)
     if not multi and "torchrun" in everything:
         problems.append("'torchrun' present although neither ddp nor fsdp was chosen")
+    launchers = [p for p in files if p.parent == project / "scripts"]
+    for path in launchers:
+        if path.suffix == ".yaml":
+            try:
+                list(yaml.safe_load_all(path.read_text(encoding="utf-8")))
+            except yaml.YAMLError as err:
+                problems.append(f"{path.relative_to(project)} is not YAML: {err}")
+    asked = "\n".join(p.read_text(encoding="utf-8") for p in launchers)
+    for marker in _GPU_REQUESTS:
+        if multi and (marker in asked) != (device == "cuda"):
+            state = "missing from" if device == "cuda" else "in"
+            problems.append(f"{marker!r} {state} scripts/ although the device is {device}")
     pyproject = (project / "pyproject.toml").read_text(encoding="utf-8")
     for tracker in _TRACKER_MARKERS:
         chosen = answers.get("tracker") == tracker
