@@ -34,7 +34,8 @@ def _port() -> int:
 
 
 def _torchrun(project, *args, nproc=2, extra=(), **popen) -> list[str]:
-    """The project's launcher (runtime/launch.py, torchrun with its exit statuses), as scripts/ run it."""
+    """The project's launcher (runtime/launch.py: torchrun with its exit statuses), as scripts/
+    run it."""
     package = next((project / "src").iterdir()).name
     return [sys.executable, "-m", f"{package}.runtime.launch", "--nproc-per-node", str(nproc),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{popen.pop('port', _port())}",
@@ -472,7 +473,8 @@ def test_a_second_ddp_launch_on_a_running_run_folder_is_refused(project):
     assert second.returncode == 2, second.stderr[-3000:]  # a refusal: never restarted
     assert len(refusals) == 1 and f"on {socket.gethostname()}" in refusals[0], second.stderr[-3000:]
     assert "is in use by pid" in refusals[0] and "Traceback" not in second.stderr
-    assert second.stderr.rstrip().splitlines()[-1] == f"ddp_demo: rank 0 ended the job: {refusals[0]}"
+    last = second.stderr.rstrip().splitlines()[-1]
+    assert last == f"ddp_demo: rank 0 ended the job: {refusals[0]}"
     assert still_running
     step, by, _ = _stopped(rest)
     assert by == "SIGTERM"
@@ -512,19 +514,23 @@ def _full_disk(project, run_dir: str, fault: dict, nproc: int = 2) -> subprocess
     env["SCAFFOLD_FAULT"] = json.dumps(fault)
     command = _torchrun(project, "train", "--run-dir", run_dir, "--max-steps", "30", "--batch-size",
                         "16", *SMALL, nproc=nproc, extra=("--nnodes", "1"))  # fmt: skip
-    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True,
+                          timeout=300)  # fmt: skip
 
 
-def test_a_full_disk_on_rank_0_ends_the_job_in_its_line_with_no_traceback_from_any_rank(project):
+def test_a_full_disk_on_rank_0_ends_the_job_in_its_line_with_no_traceback_from_a_rank(project):
     """Rank 0 alone writes under ddp. Its checkpoint at step 20 meets a full disk: it says so in
     one line; rank 1, whose next all-reduce loses rank 0, says nothing (gloo's traceback before),
     and the launcher ends the job with 1 and one line naming rank 0 and its reason."""
-    done = _full_disk(project, "runs/full", {"at": "fsync", "match": "step-", "nth": 2, "do": "ENOSPC"})
+    fault = {"at": "fsync", "match": "step-", "nth": 2, "do": "ENOSPC"}
+    done = _full_disk(project, "runs/full", fault)
     output = done.stdout + done.stderr
     assert done.returncode == 1 and "Traceback" not in output, output[-4000:]
-    reason = "cannot write checkpoint runs/full/checkpoints/step-00000020.pt: No space left on device"
+    reason = "cannot write checkpoint runs/full/checkpoints/step-00000020.pt: No space left on"
+    reason += " device"
     assert f"error: {reason}" in done.stderr.splitlines(), output[-4000:]
-    assert done.stderr.rstrip().splitlines()[-1] == f"ddp_demo: rank 0 ended the job: error: {reason}"
+    last = done.stderr.rstrip().splitlines()[-1]
+    assert last == f"ddp_demo: rank 0 ended the job: error: {reason}"
 
 
 # --- the cluster launchers: Kubeflow Trainer and SkyPilot, run as 2 nodes on this machine --------
