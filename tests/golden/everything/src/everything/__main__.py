@@ -22,7 +22,7 @@ from pathlib import Path
 from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
 from .runtime.checkpoint import CheckpointError, export
-from .runtime.distributed import is_main_process, leave_with_the_group, lost_a_rank, shutdown, tell_launcher
+from .runtime.distributed import leave_with_the_group, lost_a_rank, report_failure, shutdown, tell_launcher
 from .runtime.runlog import RunDirError
 from .runtime.stopping import Aborted, RunFolderBusy
 from .tools.checks import run_checks
@@ -112,9 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run_command(args)
     except FAILURES as error:
-        tell_launcher(f"error: {error}")  # which names a failed rank when the job ends
-        if is_main_process():  # one rank speaks for all
-            print(f"error: {error}", file=sys.stderr)
+        report_failure(f"error: {error}")  # rank 0 says it; the launcher names a failed rank
         return 2 if isinstance(error, BAD_INPUT) else 1
     except KeyboardInterrupt as error:  # before training started, or a second stop signal (Aborted)
         how = f"aborted by a second {error}" if isinstance(error, Aborted) else "interrupted"

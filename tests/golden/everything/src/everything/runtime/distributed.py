@@ -94,6 +94,17 @@ def tell_launcher(line: str, lost_a_rank: bool = False) -> None:
         Path(path).write_text(json.dumps(record), encoding="utf-8")
 
 
+def report_failure(line: str) -> None:
+    """A refusal or failure of this rank, in one line: rank 0 prints it for all, every rank tells
+    the launcher. The others wait a moment before they exit: rank 0, which mostly fails the same
+    way, then ends first, so the launcher's SIGTERM to the rest cannot cut its line short."""
+    tell_launcher(line)
+    if is_main_process():
+        print(line, file=sys.stderr, flush=True)
+    else:
+        time.sleep(1)
+
+
 def leave_with_the_group() -> int:
     """For a rank whose collective failed as another rank ended: tells the launcher so, quietly
     (the rank that ended says why), and waits a moment before it exits with 1, so that the launcher

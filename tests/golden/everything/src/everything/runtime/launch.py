@@ -16,6 +16,7 @@ It runs torchrun's agent unchanged, restarts (--max-restarts) included; only the
 """
 
 import os
+import signal
 import sys
 
 from torch.distributed import run as torchrun
@@ -42,12 +43,17 @@ class _Agent(LocalElasticAgent):
 
 
 def _first_failure(failed: ChildFailedError):
-    """The rank that failed first, and its failure. A rank that only lost the others (its
-    collective failed as they ended) counts last: it can exit a moment before the one that failed."""
-    return min(
-        failed.failures.items(),
-        key=lambda item: (item[1].error_file_data.get("lost_a_rank", False), item[1].timestamp, item[0]),
-    )
+    """The rank that failed first, and its failure. Failure times are whole seconds, and two
+    kinds of failure follow from another's: a rank that only lost the others (its collective
+    failed as they ended) and a rank ended by the SIGTERM the agent sends the rest once one has
+    failed. Both count after the others, whatever their times."""
+
+    def order(item):
+        rank, failure = item
+        follows = failure.error_file_data.get("lost_a_rank", False) or failure.exitcode == -signal.SIGTERM
+        return follows, failure.timestamp, rank
+
+    return min(failed.failures.items(), key=order)
 
 
 def main(argv: list[str] | None = None) -> int:
