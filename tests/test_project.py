@@ -265,37 +265,52 @@ def test_learns_a_csv_and_an_npz_file(project, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("content", "expected"),
+    ("name", "content", "args", "expected"),
     [
-        ("a,b,label\n1,2,0\n3,oops,1\n", "bad.csv:3: column 'b' holds 'oops', not a number"),
-        ("a,b,label\n1,2,0\n3,4,1.5\n", "label of example 1 is 1.5"),
-        ("", "bad.csv: need a header row"),
-        (b"a,b,label\n1,2,\xff\n", "bad.csv: not UTF-8"),
+        ("bad.csv", "a,b,label\n1,2,0\n3,4,1.5\n", (), "label of example 1 is 1.5"),
+        ("bad.csv", "", (), "bad.csv: need a header row"),
+        ("bad.csv", b"a,b,label\n1,2,\xff\n", (), "bad.csv: not UTF-8"),
         (
+            "bad.csv",
             "a,b,label\n1,2,3\n3,4,3\n",
+            (),
             "bad.csv: one class only (label 3): a classifier needs two or more",
         ),
         (
+            "bad.csv",
             "1,2,0\n3,4,1\n",
-            "bad.csv:1: every field is a number: the file needs a header row naming its columns, "
-            "the label last",
+            (),
+            "bad.csv:1: every field is a number: the file needs a header row naming its columns",
         ),
+        ("bad.csv", "a,b,kind\n1,x,0\n2,y,1\n", ("--label", "species"), "no column 'species' (--label)"),
+        ("bad.csv", "a,b,label\n1,,0\n2,,1\n", (), "bad.csv: column 'b' has no values"),
+        ("bad.parquet", "a,b\n1,2\n", (), "bad.parquet: not a readable Parquet file"),
     ],
-    ids=["text-cell", "fractional-label", "empty", "not-utf8", "one-class", "no-header"],
+    ids=[
+        "fractional-label",
+        "empty",
+        "not-utf8",
+        "one-class",
+        "no-header",
+        "no-label-column",
+        "empty-column",
+        "not-parquet",
+    ],
 )
-def test_malformed_csv_is_named_before_training(project, tmp_path, content, expected):
-    path = tmp_path / "bad.csv"
+def test_malformed_tables_are_named_before_training(project, tmp_path, name, content, args, expected):
+    path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    done = run(project, "inspect-data", "--data", path)
+    done = run(project, "train", "--data", path, *args, "--run-dir", tmp_path / "run")
     assert done.returncode == 2
     assert expected in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # refused before the run folder was made
 
 
 def test_a_folder_for_a_file_is_named_as_a_folder(project, tmp_path):
     done = run(project, "train", "--data", tmp_path, "--run-dir", tmp_path / "r")
     assert done.returncode == 2
-    assert done.stderr == f"error: {tmp_path}: a folder, not a file: expected a .npz or .csv file\n"
+    assert done.stderr == f"error: {tmp_path}: a folder, not a file: expected a .csv, .parquet or .npz file\n"
     assert not (tmp_path / "r").exists()
 
 
