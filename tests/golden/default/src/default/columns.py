@@ -9,6 +9,7 @@ dicts): every checkpoint holds it, `inspect-data` shows it, `predict` applies it
 """
 
 import hashlib
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -158,6 +159,36 @@ def check_numbers(path: Path, column: Column) -> None:
         )
 
 
+_NOTED: set[str] = set()
+
+
+def note(message: str) -> None:
+    """One line on stderr, once a process (the checks load the data several times)."""
+    if message not in _NOTED:
+        _NOTED.add(message)
+        print(f"note: {message}", file=sys.stderr)
+
+
+def read_npz(path: Path, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
+    """Arrays x (N, F) and y (N,) of a .npz file, and those of `optional` it holds, never
+    unpickled, or a DataError in one line."""
+    try:
+        with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
+            missing = [key for key in ("x", "y") if key not in arrays.files]
+            if missing:
+                found = ", ".join(arrays.files[:10]) or "none"
+                raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {found}")
+            found = {key: arrays[key] for key in ("x", "y", *optional) if key in arrays.files}
+    except DataError:
+        raise
+    except Exception as error:  # not a zip, a truncated one, or object arrays (refused unread)
+        raise DataError(f"{path}: not a readable .npz file of numeric arrays ({error})") from None
+    x, y = found["x"], found["y"]
+    if x.ndim != 2 or y.ndim != 1 or (len(found) == 2 and len(y) != len(x)):  # else its caller checks
+        raise DataError(f"{path}: need x of shape (N, F) and y of shape (N,), got {x.shape} and {y.shape}")
+    return found
+
+
 def file_digest(path: Path) -> str:
     """A fingerprint of the file's bytes: a resumed run refuses data that changed."""
     hasher = hashlib.sha256()
@@ -205,9 +236,13 @@ def feature_names(specs: list[dict]) -> list[str]:
 
 
 def encode(path: Path, columns: list[Column], specs: list[dict]) -> np.ndarray:
-    """The features (N, F) float32 of `columns`, encoded as `specs` (fit's) say."""
+    """The features (N, F) float32 of `columns`, encoded as `specs` (fit's) say, in the order of
+    feature_names, written into one array (a million rows of 111 features: 0.4 GB, about a second,
+    most of it the memory's first touch)."""
     by_name = {column.name: column for column in columns}
-    blocks = []
+    n_rows = len(columns[0].values) if columns else 0
+    out = np.zeros((n_rows, len(feature_names(specs))), dtype=np.float32)
+    rows, at = np.arange(n_rows), 0
     for spec in specs:
         column = by_name.get(spec["name"])
         if column is None:
@@ -215,21 +250,17 @@ def encode(path: Path, columns: list[Column], specs: list[dict]) -> np.ndarray:
         missing = column.missing()
         if spec["type"] == "number":
             filled = np.where(missing, spec["median"], column.values)
-            blocks.append(((filled - spec["mean"]) / spec["std"])[:, None])
-        else:
-            blocks.append(_one_hot(column, spec["levels"]))
+            out[:, at] = (filled - spec["mean"]) / spec["std"]
+            at += 1
+        else:  # one-hot: a 1 at the row's level, or at OTHER (the last) if rare, unseen or missing
+            levels = spec["levels"]
+            index = {level: i for i, level in enumerate(levels)}
+            lookup = np.array([index.get(name, len(levels)) for name in column.names] + [len(levels)])
+            out[rows, at + lookup[column.values]] = 1  # code -1 (missing) reads lookup[-1]
+            at += len(levels) + 1
         if spec["indicator"]:
-            blocks.append(missing[:, None])
-    return np.concatenate(blocks, axis=1, dtype=np.float32)
-
-
-def _one_hot(column: Column, levels: list[str]) -> np.ndarray:
-    """(N, len(levels) + 1): a 1 at the row's level, or at the last, OTHER, for a level that is
-    rare, unseen or missing."""
-    index = {level: i for i, level in enumerate(levels)}
-    lookup = np.array([index.get(name, len(levels)) for name in column.names] + [len(levels)])
-    out = np.zeros((len(column.values), len(levels) + 1), dtype=np.float32)
-    out[np.arange(len(column.values)), lookup[column.values]] = 1  # code -1 reads lookup[-1]
+            out[:, at] = missing
+            at += 1
     return out
 
 

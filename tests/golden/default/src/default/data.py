@@ -25,7 +25,6 @@ nothing else, so a dataset of your own works if it keeps to this):
 """
 
 import hashlib
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,6 +41,8 @@ from .columns import (
     encode,
     file_digest,
     fit,
+    note,
+    read_npz,
     read_table,
     show,
     table_columns,
@@ -263,36 +264,6 @@ def labelled_split(table: Table, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
         note(f"{table.source}: {n:,} rows without a {TARGET_NAME} ({table.label.name!r}): left out")
     train, val = split_indices(len(rows), cfg, table.source)
     return rows[train], rows[val]
-
-
-_NOTED: set[str] = set()
-
-
-def note(message: str) -> None:
-    """One line on stderr, once a process (the checks load the data several times)."""
-    if message not in _NOTED:
-        _NOTED.add(message)
-        print(f"note: {message}", file=sys.stderr)
-
-
-def read_npz(path: Path, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """Arrays x (N, F) and y (N,) of a .npz file, and those of `optional` it holds, never
-    unpickled, or a DataError in one line."""
-    try:
-        with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
-            missing = [key for key in ("x", "y") if key not in arrays.files]
-            if missing:
-                found = ", ".join(arrays.files[:10]) or "none"
-                raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {found}")
-            found = {key: arrays[key] for key in ("x", "y", *optional) if key in arrays.files}
-    except DataError:
-        raise
-    except Exception as error:  # not a zip, a truncated one, or object arrays (refused unread)
-        raise DataError(f"{path}: not a readable .npz file of numeric arrays ({error})") from None
-    x, y = found["x"], found["y"]
-    if x.ndim != 2 or y.ndim != 1 or (len(found) == 2 and len(y) != len(x)):  # else its caller checks
-        raise DataError(f"{path}: need x of shape (N, F) and y of shape (N,), got {x.shape} and {y.shape}")
-    return found
 
 
 def summarize(splits: Splits, n_samples: int = 5, n_stats: int = 10_000) -> str:
