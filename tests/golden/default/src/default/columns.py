@@ -19,9 +19,10 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-# One-hot features a text column has at most, besides "(other)". On the tables of
-# benchmarks/real_data.py one-hot beat integer codes fed as numbers; a column of thousands of
-# levels (a city, a product) would rather want an embedding.
+# One-hot features a text column has at most, besides "(other)". Against one number a column (the
+# level's rank), one-hot scored R^2 0.981 against 0.938 on a diamonds price table, but less on two
+# others (0.753 against 0.776 accuracy, R^2 0.870 against 0.907), and it keeps levels apart without
+# inventing an order. A column of thousands of levels (a city, a product) wants an embedding.
 MAX_LEVELS = 32
 OTHER = "(other)"
 SUFFIXES = (".csv", ".parquet")
