@@ -145,43 +145,6 @@ def load_splits(cfg: Config) -> Splits:
     )
 
 
-def check_label(path: Path, label: Column) -> None:
-    """Refuses a label of fractional numbers (a target to regress?) or of a single class."""
-    if label.names is None:  # whole numbers, each a class named by its value
-        bad = np.nonzero(label.values != np.round(label.values))[0]
-        bad = bad[~np.isnan(label.values[bad])]  # NaN: no label, a row left out
-        if len(bad):
-            value = label.values[bad[0]]
-            raise DataError(f"{path}: label of example {bad[0]} is {value:g}; labels must be whole or text")
-        names = [str(int(v)) for v in np.unique(label.values[~label.missing()])]
-    else:
-        names = sorted({label.names[code] for code in np.unique(label.values) if code >= 0})
-    if len(names) == 1:  # it would train to accuracy 1.0 and learn nothing
-        raise DataError(f"{path}: one class only (label {names[0]}): a classifier needs two or more")
-
-
-def class_indices(table: "Table", train_idx: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Each row's class index (-1: a class the training split lacks) and the class names, sorted."""
-    label = table.label
-    if label.names is None:
-        seen = np.unique(label.values[train_idx])
-        index = np.searchsorted(seen, label.values).clip(max=len(seen) - 1)
-        y = np.where(seen[index] == label.values, index, -1)
-        classes = [str(int(v)) for v in seen]
-    else:
-        seen = sorted(np.unique(label.values[train_idx]), key=lambda code: label.names[code])
-        lookup = np.full(len(label.names) + 1, -1)
-        lookup[seen] = np.arange(len(seen))
-        y = lookup[label.values]
-        classes = [label.names[code] for code in seen]
-    if len(classes) > len(train_idx) // 2:  # a class a row or two: an id or a measurement
-        raise DataError(
-            f"{table.source}: {label.name!r} has {len(classes):,} classes in {len(train_idx):,} training"
-            " rows: too few examples of each to learn (is it the label?)"
-        )
-    return y.astype(np.int64), classes
-
-
 def synthetic_data(n: int = 4096, n_features: int = 16, n_classes: int = 4):
     """Labels from a fixed random two-layer teacher network: learnable, but not linearly."""
     rng = np.random.default_rng(0)
@@ -264,6 +227,43 @@ def labelled_split(table: Table, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
         note(f"{table.source}: {n:,} rows without a {TARGET_NAME} ({table.label.name!r}): left out")
     train, val = split_indices(len(rows), cfg, table.source)
     return rows[train], rows[val]
+
+
+def check_label(path: Path, label: Column) -> None:
+    """Refuses a label of fractional numbers (a target to regress?) or of a single class."""
+    if label.names is None:  # whole numbers, each a class named by its value
+        bad = np.nonzero(label.values != np.round(label.values))[0]
+        bad = bad[~np.isnan(label.values[bad])]  # NaN: no label, a row left out
+        if len(bad):
+            value = label.values[bad[0]]
+            raise DataError(f"{path}: label of example {bad[0]} is {value:g}; labels must be whole or text")
+        names = [str(int(v)) for v in np.unique(label.values[~label.missing()])]
+    else:
+        names = sorted({label.names[code] for code in np.unique(label.values) if code >= 0})
+    if len(names) == 1:  # it would train to accuracy 1.0 and learn nothing
+        raise DataError(f"{path}: one class only (label {names[0]}): a classifier needs two or more")
+
+
+def class_indices(table: "Table", train_idx: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Each row's class index (-1: a class the training split lacks) and the class names, sorted."""
+    label = table.label
+    if label.names is None:
+        seen = np.unique(label.values[train_idx])
+        index = np.searchsorted(seen, label.values).clip(max=len(seen) - 1)
+        y = np.where(seen[index] == label.values, index, -1)
+        classes = [str(int(v)) for v in seen]
+    else:
+        seen = sorted(np.unique(label.values[train_idx]), key=lambda code: label.names[code])
+        lookup = np.full(len(label.names) + 1, -1)
+        lookup[seen] = np.arange(len(seen))
+        y = lookup[label.values]
+        classes = [label.names[code] for code in seen]
+    if len(classes) > len(train_idx) // 2:  # a class a row or two: an id or a measurement
+        raise DataError(
+            f"{table.source}: {label.name!r} has {len(classes):,} classes in {len(train_idx):,} training"
+            " rows: too few examples of each to learn (is it the label?)"
+        )
+    return y.astype(np.int64), classes
 
 
 def summarize(splits: Splits, n_samples: int = 5, n_stats: int = 10_000) -> str:
