@@ -314,6 +314,15 @@ def test_malformed_tables_are_named_before_training(
     assert not (tmp_path / "run").exists()  # refused before the run folder was made
 
 
+def test_a_label_without_a_table_is_refused(project, tmp_path):
+    """--label names a column of --data: on the synthetic default it would be dropped unseen."""
+    done = run(project, "train", "--label", "species", "--run-dir", tmp_path / "run")
+    assert done.returncode == 2 and not (tmp_path / "run").exists()
+    assert done.stderr.strip() == (
+        "error: --label species names a column of a table: give the table with --data"
+    )
+
+
 def _table(n: int, seed: int) -> dict[str, list]:
     """A table as it comes: an id, text with gaps, numbers with gaps, and a text label."""
     rng = np.random.default_rng(seed)

@@ -9,6 +9,7 @@ dicts): every checkpoint holds it, `inspect-data` shows it, `predict` applies it
 """
 
 import hashlib
+import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -164,8 +165,8 @@ _NOTED: set[str] = set()
 
 
 def note(message: str) -> None:
-    """One line on stderr, once a process (the checks load the data several times)."""
-    if message not in _NOTED:
+    """One line on stderr, once a process (the checks load the data several times), from one rank."""
+    if message not in _NOTED and os.environ.get("RANK", "0") == "0":
         _NOTED.add(message)
         print(f"note: {message}", file=sys.stderr)
 

@@ -172,6 +172,8 @@ class Table:
 def read_source(cfg: Config) -> Table:
     """--data (or the synthetic default) as columns: the --label column apart, ids left out."""
     if cfg.data is None:
+        if cfg.label is not None:
+            raise DataError(f"--label {cfg.label} names a column of a table: give the table with --data")
         x, y = synthetic_data()
         return _from_arrays(x, y, "synthetic")
     path = Path(cfg.data)
