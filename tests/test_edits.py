@@ -208,8 +208,8 @@ def test_a_reshape_that_mixes_the_batch_fails_the_batch_check_only(tmp_path):
     project = render(tmp_path / "mix", task="classification", device="cpu")
     _edit(
         project / "src" / "mix" / "model.py",
-        "x = (x - self.x_mean) / self.x_std  # (B, F)",
-        "x = ((x - self.x_mean) / self.x_std).t().reshape(x.shape)  # planted bug: mixes examples",
+        "return self.head(self.body(x))  # x (B, F) -> (B, n_outputs)",
+        "return self.head(self.body(x.t().reshape(x.shape)))  # planted bug: mixes examples",
     )
     done = run(project, "check", "all")
     print(done.stdout, done.stderr)

@@ -265,37 +265,139 @@ def test_learns_a_csv_and_an_npz_file(project, tmp_path):
 
 
 @pytest.mark.parametrize(
-    ("content", "expected"),
+    ("name", "content", "args", "expected"),
     [
-        ("a,b,label\n1,2,0\n3,oops,1\n", "bad.csv:3: column 'b' holds 'oops', not a number"),
-        ("a,b,label\n1,2,0\n3,4,1.5\n", "label of example 1 is 1.5"),
-        ("", "bad.csv: need a header row"),
-        (b"a,b,label\n1,2,\xff\n", "bad.csv: not UTF-8"),
+        ("bad.csv", "a,b,label\n1,2,0\n3,4,1.5\n", (), "label of example 1 is 1.5"),
+        ("bad.csv", "", (), "bad.csv: need a header row"),
+        ("bad.csv", b"a,b,label\n1,2,\xff\n", (), "bad.csv: not UTF-8"),
         (
+            "bad.csv",
             "a,b,label\n1,2,3\n3,4,3\n",
+            (),
             "bad.csv: one class only (label 3): a classifier needs two or more",
         ),
         (
+            "bad.csv",
             "1,2,0\n3,4,1\n",
-            "bad.csv:1: every field is a number: the file needs a header row naming its columns, "
-            "the label last",
+            (),
+            "bad.csv:1: every field is a number: the file needs a header row naming its columns",
         ),
+        (
+            "bad.csv",
+            "a,b,kind\n1,x,0\n2,y,1\n",
+            ("--label", "species"),
+            "no column 'species' (--label)",
+        ),
+        ("bad.csv", "a,b,label\n1,,0\n2,,1\n", (), "bad.csv: column 'b' has no values"),
+        ("bad.parquet", "a,b\n1,2\n", (), "bad.parquet: not a readable Parquet file"),
     ],
-    ids=["text-cell", "fractional-label", "empty", "not-utf8", "one-class", "no-header"],
+    ids=[
+        "fractional-label",
+        "empty",
+        "not-utf8",
+        "one-class",
+        "no-header",
+        "no-label-column",
+        "empty-column",
+        "not-parquet",
+    ],
 )
-def test_malformed_csv_is_named_before_training(project, tmp_path, content, expected):
-    path = tmp_path / "bad.csv"
+def test_malformed_tables_are_named_before_training(
+    project, tmp_path, name, content, args, expected
+):
+    path = tmp_path / name
     path.write_bytes(content if isinstance(content, bytes) else content.encode())
-    done = run(project, "inspect-data", "--data", path)
+    done = run(project, "train", "--data", path, *args, "--run-dir", tmp_path / "run")
     assert done.returncode == 2
     assert expected in done.stderr and "Traceback" not in done.stderr
     assert len(done.stderr.splitlines()) == 1
+    assert not (tmp_path / "run").exists()  # refused before the run folder was made
+
+
+def test_a_label_without_a_table_is_refused(project, tmp_path):
+    """--label names a column of --data: on the synthetic default it would be dropped unseen."""
+    done = run(project, "train", "--label", "species", "--run-dir", tmp_path / "run")
+    assert done.returncode == 2 and not (tmp_path / "run").exists()
+    assert done.stderr.strip() == (
+        "error: --label species names a column of a table: give the table with --data"
+    )
+
+
+def _table(n: int, seed: int) -> dict[str, list]:
+    """A table as it comes: an id, text with gaps, numbers with gaps, and a text label."""
+    rng = np.random.default_rng(seed)
+    island = rng.choice(["Biscoe", "Dream", "Torgersen"], n).tolist()
+    mass = rng.normal(4000, 600, n)
+    species = [
+        "Gentoo" if m > 4300 else ("Chinstrap" if i == "Dream" else "Adelie")
+        for m, i in zip(mass, island, strict=True)
+    ]
+    return {
+        "penguin": [f"p{seed}-{i:04d}" for i in range(n)],
+        "island": [None if i % 17 == 0 else v for i, v in enumerate(island)],
+        "mass": [None if i % 13 == 0 else round(float(v), 1) for i, v in enumerate(mass)],
+        "species": species,
+    }
+
+
+def test_a_table_as_it_comes_trains_resumes_and_predicts(project, tmp_path):
+    import pyarrow as pa
+    import pyarrow.csv as pa_csv
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(_table(600, 0)), tmp_path / "train.parquet")
+    args = ("--data", tmp_path / "train.parquet", "--label", "species", "--batch-size", "64")
+    done = run(project, "check", "resume", *args)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "column 'penguin' is unique on every row, an id: left out" in done.stderr
+
+    run_dir = tmp_path / "run"
+    done = run(
+        project, "train", *args, "--run-dir", run_dir, "--max-steps", "40", "--eval-every", "20"
+    )
+    assert done.returncode == 0, done.stderr
+    saved = json.loads((run_dir / "run.json").read_text())["data"]
+    assert saved["classes"] == ["Adelie", "Chinstrap", "Gentoo"] and saved["ids"] == ["penguin"]
+    island, mass = saved["columns"]
+    assert island["type"] == "text" and island["indicator"] and len(island["levels"]) == 3
+    assert mass["type"] == "number" and 0 < mass["missing"] < 0.2
+
+    rows = _table(50, 1)
+    rows["island"][3] = "Atlantis"  # a level training never saw
+    del rows["species"]
+    pa_csv.write_csv(pa.table(rows), tmp_path / "new.csv")
+    out = tmp_path / "out" / "predictions.csv"
+    best = run_dir / "checkpoints" / "best.pt"
+    done = run(project, "predict", tmp_path / "new.csv", "-o", out, "--checkpoint", best)
+    assert done.returncode == 0, done.stderr
+    predicted = pa_csv.read_csv(out).to_pydict()
+    assert list(predicted) == ["penguin", "species", "p_Adelie", "p_Chinstrap", "p_Gentoo"]
+    assert predicted["penguin"] == rows["penguin"]  # in order, ids kept
+    assert (
+        sum(a == b for a, b in zip(predicted["species"], _table(50, 1)["species"], strict=True))
+        >= 35
+    )
+    total = np.add(predicted["p_Adelie"], predicted["p_Chinstrap"]) + predicted["p_Gentoo"]
+    assert np.allclose(total, 1, atol=1e-4)
+
+    del rows["mass"]
+    pa_csv.write_csv(pa.table(rows), tmp_path / "short.csv")
+    done = run(
+        project, "predict", tmp_path / "short.csv", "-o", tmp_path / "x.csv", "--checkpoint", best
+    )
+    assert (
+        done.returncode == 2 and "no column 'mass', which the model was trained on" in done.stderr
+    )
+    assert len(done.stderr.splitlines()) == 1 and not (tmp_path / "x.csv").exists()
 
 
 def test_a_folder_for_a_file_is_named_as_a_folder(project, tmp_path):
     done = run(project, "train", "--data", tmp_path, "--run-dir", tmp_path / "r")
     assert done.returncode == 2
-    assert done.stderr == f"error: {tmp_path}: a folder, not a file: expected a .npz or .csv file\n"
+    assert (
+        done.stderr
+        == f"error: {tmp_path}: a folder, not a file: expected a .csv, .parquet or .npz file\n"
+    )
     assert not (tmp_path / "r").exists()
 
 

@@ -316,6 +316,16 @@ def test_flat_project_moves_to_the_new_layout_with_its_edits(scaffold, tmp_path,
     assert "resume check matched: yes" in checks.stdout
     assert any(line.startswith("overfit: PASS") for line in checks.stdout.splitlines())
 
+    # The update brought the reading of tables as they come: text, gaps and a named label.
+    rows = "".join(f"{'AB'[i % 2]},{i % 7 or ''},{'xy'[i % 3 > 0]}\n" for i in range(400))
+    (flat_project / "t.csv").write_text("kind,size,species\n" + rows)
+    command = [sys.executable, "-m", "demo", "inspect-data", "--data", "t.csv", "--label", "kind"]
+    env = {**os.environ, "PYTHONPATH": str(flat_project / "src")}
+    seen = subprocess.run(command, cwd=flat_project, env=env, capture_output=True, text=True)
+    assert seen.returncode == 0, seen.stderr
+    assert "species: text, 0.0% missing; 2 levels" in seen.stdout
+    assert re.search(r"size: number, 1\d\.\d% missing \(an indicator feature\)", seen.stdout)
+
 
 def test_edit_of_a_moved_machinery_file_moves_with_it(scaffold, tmp_path, flat_project):
     """git's rename detection carries an edit of engine.py into runtime/engine.py."""

@@ -11,6 +11,7 @@ profile and tune.
     python -m default find-lr [-o FILE.png] [train options]
     python -m default find-batch-size [--global-batch N] [train options]
     python -m default export [--checkpoint FILE] [--out FILE.pt]
+    python -m default predict FILE.csv [-o FILE.csv] [--checkpoint FILE]
 
 Every field of config.Config is an option; `train --help` lists them.
 """
@@ -21,6 +22,7 @@ from pathlib import Path
 
 from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
+from .predict import predict
 from .runtime.checkpoint import CheckpointError, export
 from .runtime.distributed import shutdown
 from .runtime.runlog import RunDirError
@@ -72,6 +74,11 @@ def build_parser() -> argparse.ArgumentParser:
     exporter = commands.add_parser("export", help="a checkpoint's model weights, whole, in one .pt file")
     exporter.add_argument("--checkpoint", default="runs/default/checkpoints/best.pt")
     exporter.add_argument("--out", metavar="FILE.pt", help="default: the checkpoint's path + .model.pt")
+    predictor = commands.add_parser("predict", help="predictions for the rows of a .csv or .parquet table")
+    predictor.add_argument("path", metavar="FILE", help="rows to predict: the training columns")
+    predictor.add_argument("-o", "--output", default="predictions.csv", metavar="FILE.csv")
+    predictor.add_argument("--checkpoint", default="runs/default/checkpoints/best.pt", help="a checkpoint")
+    predictor.add_argument("--device", default="cpu")
     return parser
 
 
@@ -88,6 +95,9 @@ def run_command(args: argparse.Namespace) -> int:
     if args.command == "export":
         out = Path(args.out or f"{Path(args.checkpoint)}.model.pt")
         print(f"wrote {export(Path(args.checkpoint), out)}: load it with torch.load(weights_only=True)")
+        return 0
+    if args.command == "predict":
+        print(predict(args.path, args.output, args.checkpoint, args.device))
         return 0
     cfg = config_from_args(args)
     if args.command == "train":

@@ -1,10 +1,11 @@
-"""Yours to edit: the data, feature vectors and class labels, and a held-out validation split.
+"""Yours to edit: the data, a table of features and a class label, and a held-out validation split.
 
     python -m default inspect-data                  # the synthetic default
-    python -m default inspect-data --data features.csv
+    python -m default inspect-data --data penguins.csv --label species
 
-Inputs: a .npz with arrays `x` (examples, features) and `y` (integer labels), or a .csv with a
-header row, numeric columns, and the integer label in the last column.
+Inputs: a .csv with a header row or a .parquet file, the label in the last column or the one
+--label names (text or whole numbers); or a .npz with arrays `x` (examples, features) and `y`
+(integer labels). columns.py types and encodes the other columns, fitted on the training split.
 
 What the rest of the project needs from `data.py` (the loop, the checks and `inspect-data` use
 nothing else, so a dataset of your own works if it keeps to this):
@@ -23,7 +24,6 @@ nothing else, so a dataset of your own works if it keeps to this):
   `inspect-data` prints; `DataError` for input that cannot be used.
 """
 
-import csv
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,14 +32,25 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from .columns import (
+    SUFFIXES,
+    Column,
+    DataError,
+    check_file,
+    check_numbers,
+    encode,
+    file_digest,
+    fit,
+    note,
+    read_npz,
+    read_table,
+    show,
+    table_columns,
+)
 from .config import Config
 from .runtime.loader import read_batch
 
 SPLIT_SEED = 20240601  # fixed, so every run (whatever its --seed) validates on the same examples
-
-
-class DataError(ValueError):
-    """Input data that cannot be used, naming the file and the offending line or field."""
 
 
 class FeatureDataset(Dataset):
@@ -82,15 +93,19 @@ def split_indices(n: int, cfg: Config, source: str) -> tuple[np.ndarray, np.ndar
 
 @dataclass
 class Splits:
-    train: "FeatureDataset"
-    val: "FeatureDataset"
+    train: FeatureDataset
+    val: FeatureDataset
     n_features: int
     n_classes: int
+    classes: list[str]  # the label's values, by class index: those of the training split
+    label: str  # the column predicted
+    columns: list[dict]  # how each feature column is encoded (columns.fit), from the training split
+    ids: list[str]  # columns unique on every row, left out
     source: str
     digest: str  # of the whole file's contents
 
     def describe(self) -> dict:
-        """What a resumed run must see again: it refuses to continue on different data."""
+        """What a resumed run must see again, and what `predict` needs to encode new rows."""
         return {
             "source": self.source,
             "digest": self.digest,
@@ -98,26 +113,35 @@ class Splits:
             "n_val": len(self.val),
             "n_features": self.n_features,
             "n_classes": self.n_classes,
+            "classes": self.classes,
+            "label": self.label,
+            "columns": self.columns,
+            "ids": self.ids,
         }
 
 
 def load_splits(cfg: Config) -> Splits:
-    """Loads --data (or the synthetic default) and holds out the validation split."""
-    if cfg.data is None:
-        x, y = synthetic_data()
-        source = "synthetic"
-    else:
-        x, y = read_arrays(Path(cfg.data))
-        source = str(cfg.data)
-    train_idx, val_idx = split_indices(len(y), cfg, source)
-    x_t, y_t = torch.from_numpy(x), torch.from_numpy(y)
+    """Loads --data (or the synthetic default), holds out validation, fits the encoding on the rest."""
+    table = read_source(cfg)
+    train_idx, val_idx = labelled_split(table, cfg)
+    y, classes = class_indices(table, train_idx)
+    unseen = val_idx[y[val_idx] < 0]
+    if len(unseen):
+        note(f"{table.source}: {len(unseen):,} validation rows of classes training never saw: left out")
+        val_idx = val_idx[y[val_idx] >= 0]
+    specs = fit(table.features, train_idx)
+    x_t, y_t = torch.from_numpy(encode(Path(table.source), table.features, specs)), torch.from_numpy(y)
     return Splits(
         train=FeatureDataset(x_t[train_idx], y_t[train_idx]),
         val=FeatureDataset(x_t[val_idx], y_t[val_idx]),
-        n_features=x.shape[1],
-        n_classes=int(y.max()) + 1,
-        source=source,
-        digest=digest(x, y),
+        n_features=x_t.shape[1],
+        n_classes=len(classes),
+        classes=classes,
+        label=table.label.name,
+        columns=specs,
+        ids=table.ids,
+        source=table.source,
+        digest=table.digest,
     )
 
 
@@ -134,125 +158,118 @@ def synthetic_data(n: int = 4096, n_features: int = 16, n_classes: int = 4):
 TARGET_NAME = "label"
 
 
-def read_arrays(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    """Reads features (N, F) as float32 and targets (N,) from a .npz or .csv file."""
-    if path.is_dir():
-        raise DataError(f"{path}: a folder, not a file: expected a .npz or .csv file")
-    if not path.is_file():
-        raise DataError(f"{path}: no such file")
+@dataclass
+class Table:
+    """A data file as read: feature columns, the label column, and the id columns left out."""
+
+    features: list[Column]
+    label: Column
+    ids: list[str]
+    source: str
+    digest: str  # of the whole file's contents
+
+
+def read_source(cfg: Config) -> Table:
+    """--data (or the synthetic default) as columns: the --label column apart, ids left out."""
+    if cfg.data is None:
+        if cfg.label is not None:
+            raise DataError(f"--label {cfg.label} names a column of a table: give the table with --data")
+        x, y = synthetic_data()
+        return _from_arrays(x, y, "synthetic")
+    path = Path(cfg.data)
+    check_file(path, (*SUFFIXES, ".npz"))
     if path.suffix == ".npz":
-        x, y = _read_npz(path)
-    elif path.suffix == ".csv":
-        x, y = _read_csv(path)
-    else:
-        raise DataError(f"{path}: expected a .npz or .csv file")
-    if len(y) == 0:
-        raise DataError(f"{path}: no examples")
-    if x.shape[1] == 0:
-        raise DataError(f"{path}: no feature columns, only the last (the {TARGET_NAME}): need at least one")
-    check_values(path, "feature", x)
-    check_values(path, TARGET_NAME, y)
-    return x.astype(np.float32), _targets(path, y)
+        if cfg.label is not None:
+            raise DataError(f"{path}: --label names a column of a table; a .npz holds its {TARGET_NAME} in y")
+        return _from_arrays(*_read_npz(path), str(path))
+    columns = table_columns(path, read_table(path))
+    names = [column.name for column in columns]
+    label = cfg.label or names[-1]
+    if label not in names:
+        shown = ", ".join(map(repr, names[:20])) + (", ..." if len(names) > 20 else "")
+        raise DataError(f"{path}: no column {label!r} (--label) among {shown}")
+    check_label(path, columns[names.index(label)])
+    others = [column for column in columns if column.name != label]
+    ids = [column.name for column in others if column.is_id()]
+    for name in ids:
+        note(f"{path}: column {name!r} is unique on every row, an id: left out of the features")
+    features = [column for column in others if column.name not in ids]
+    if not features:
+        raise DataError(f"{path}: no feature columns, only the {TARGET_NAME} {label!r}: need at least one")
+    return Table(features, columns[names.index(label)], ids, str(path), file_digest(path))
 
 
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
     arrays = read_npz(path)
     x, y = arrays["x"], arrays["y"]
-    if not (np.issubdtype(x.dtype, np.number) and np.issubdtype(y.dtype, np.number)):
-        raise DataError(f"{path}: x and y must be numeric, got {x.dtype} and {y.dtype}")
+    if x.dtype.kind not in "biuf" or y.dtype.kind not in "biuf":
+        raise DataError(f"{path}: x and y must be numeric, real: got {x.dtype} values and {y.dtype} values")
+    if len(y) == 0:
+        raise DataError(f"{path}: no examples")
+    if x.shape[1] == 0:
+        raise DataError(f"{path}: no feature columns, only the {TARGET_NAME}: need at least one")
     return x, y
 
 
-def _read_csv(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        with path.open(newline="", encoding="utf-8") as f:
-            rows = list(csv.reader(f))
-    except UnicodeDecodeError as error:
-        raise DataError(f"{path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
-    if len(rows) < 2:
-        raise DataError(f"{path}: need a header row and at least one example")
-    header, values = rows[0], []
-    if all(_is_number(cell) for cell in header):  # read as names, it would lose the first example
+def _from_arrays(x: np.ndarray, y: np.ndarray, source: str) -> Table:
+    """Arrays x (N, F) and y (N,) as a table of numeric columns x0, x1, ... and the label."""
+    features = [Column(f"x{i}", x[:, i].astype(np.float64)) for i in range(x.shape[1])]
+    label = Column(TARGET_NAME, y.astype(np.float64))
+    for column in (*features, label):
+        check_numbers(Path(source), column)
+    check_label(Path(source), label)
+    return Table(features, label, [], source, digest(x, y))
+
+
+def labelled_split(table: Table, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
+    """Train and validation rows among those with a label (a row without one is left out)."""
+    rows = np.nonzero(~table.label.missing())[0]
+    if len(rows) < len(table.label.values):
+        n = len(table.label.values) - len(rows)
+        note(f"{table.source}: {n:,} rows without a {TARGET_NAME} ({table.label.name!r}): left out")
+    train, val = split_indices(len(rows), cfg, table.source)
+    return rows[train], rows[val]
+
+
+def check_label(path: Path, label: Column) -> None:
+    """Refuses a label of fractional numbers (a target to regress?) or of a single class."""
+    if label.names is None:  # whole numbers, each a class named by its value
+        bad = np.nonzero(label.values != np.round(label.values))[0]
+        bad = bad[~np.isnan(label.values[bad])]  # NaN: no label, a row left out
+        if len(bad):
+            value = label.values[bad[0]]
+            raise DataError(f"{path}: label of example {bad[0]} is {value:g}; labels must be whole or text")
+        names = [str(int(v)) for v in np.unique(label.values[~label.missing()])]
+    else:
+        names = sorted({label.names[code] for code in np.unique(label.values) if code >= 0})
+    if len(names) == 1:  # it would train to accuracy 1.0 and learn nothing
+        raise DataError(f"{path}: one class only (label {names[0]}): a classifier needs two or more")
+
+
+def class_indices(table: "Table", train_idx: np.ndarray) -> tuple[np.ndarray, list[str]]:
+    """Each row's class index (-1: a class the training split lacks) and the class names, sorted."""
+    label = table.label
+    if label.names is None:
+        seen = np.unique(label.values[train_idx])
+        index = np.searchsorted(seen, label.values).clip(max=len(seen) - 1)
+        y = np.where(seen[index] == label.values, index, -1)
+        classes = [str(int(v)) for v in seen]
+    else:
+        seen = sorted(np.unique(label.values[train_idx]), key=lambda code: label.names[code])
+        lookup = np.full(len(label.names) + 1, -1)
+        lookup[seen] = np.arange(len(seen))
+        y = lookup[label.values]
+        classes = [label.names[code] for code in seen]
+    if len(classes) > len(train_idx) // 2:  # a class a row or two: an id or a measurement
         raise DataError(
-            f"{path}:1: every field is a number: the file needs a header row naming its columns, "
-            f"the {TARGET_NAME} last"
+            f"{table.source}: {label.name!r} has {len(classes):,} classes in {len(train_idx):,} training"
+            " rows: too few examples of each to learn (is it the label?)"
         )
-    for line, row in enumerate(rows[1:], start=2):
-        if len(row) != len(header):
-            raise DataError(f"{path}:{line}: {len(row)} fields, the header has {len(header)}")
-        try:
-            values.append([float(cell) for cell in row])
-        except ValueError:
-            column, cell = next((h, c) for h, c in zip(header, row, strict=True) if not _is_number(c))
-            raise DataError(f"{path}:{line}: column {column!r} holds {cell!r}, not a number") from None
-    table = np.array(values)
-    return table[:, :-1], table[:, -1]
-
-
-def _is_number(cell: str) -> bool:
-    try:
-        float(cell)
-    except ValueError:
-        return False
-    return True
-
-
-def read_npz(path: Path, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """Arrays x (N, F) and y (N,) of a .npz file, and those of `optional` it holds, never
-    unpickled, or a DataError in one line."""
-    try:
-        with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
-            missing = [key for key in ("x", "y") if key not in arrays.files]
-            if missing:
-                found = ", ".join(arrays.files[:10]) or "none"
-                raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {found}")
-            found = {key: arrays[key] for key in ("x", "y", *optional) if key in arrays.files}
-    except DataError:
-        raise
-    except Exception as error:  # not a zip, a truncated one, or object arrays (refused unread)
-        raise DataError(f"{path}: not a readable .npz file of numeric arrays ({error})") from None
-    x, y = found["x"], found["y"]
-    if x.ndim != 2 or y.ndim != 1 or (len(found) == 2 and len(y) != len(x)):  # else its caller checks
-        raise DataError(f"{path}: need x of shape (N, F) and y of shape (N,), got {x.shape} and {y.shape}")
-    return found
-
-
-# Values beyond this magnitude are refused: float32 statistics of them (sums of squares over a
-# million examples) overflow, and a loss over them is NaN from the first step.
-LARGEST_VALUE = 1e15
-
-
-def check_values(path: Path, name: str, values: np.ndarray) -> None:
-    """A DataError naming the first example whose `name` is not a real, finite number within
-    ±LARGEST_VALUE (complex, text, NaN, infinite and huge values are refused, not cast)."""
-    if values.dtype.kind not in "biuf":
-        raise DataError(f"{path}: the {name}s are {values.dtype} values; they must be real numbers")
-    with np.errstate(over="ignore", invalid="ignore"):
-        wide = values.astype(np.float64)
-        bad = ~(np.abs(wide) <= LARGEST_VALUE)  # NaN compares False: bad too
-    if bad.any():
-        where = np.unravel_index(np.argmax(bad), bad.shape)  # the first, in example order
-        raise DataError(
-            f"{path}: example {where[0]} has {name} {wide[where]:g}; {name}s must be finite and"
-            f" within ±{LARGEST_VALUE:g}"
-        )
-
-
-def _targets(path: Path, y: np.ndarray) -> np.ndarray:
-    """Class labels: whole numbers from 0."""
-    bad = np.nonzero((y != np.round(y)) | (y < 0))[0]
-    if len(bad):
-        raise DataError(f"{path}: label of example {bad[0]} is {y[bad[0]]}; labels must be integers >= 0")
-    if len(np.unique(y)) == 1:  # it would train to accuracy 1.0 and learn nothing
-        raise DataError(f"{path}: one class only (label {int(y[0])}): a classifier needs two or more")
-    if y.max() >= len(y):  # more classes than examples: a typo, not a data set
-        row = int(np.argmax(y))
-        raise DataError(f"{path}: label of example {row} is {int(y[row])}, more classes than examples")
-    return y.astype(np.int64)
+    return y.astype(np.int64), classes
 
 
 def summarize(splits: Splits, n_samples: int = 5, n_stats: int = 10_000) -> str:
-    """Shapes, dtypes, label counts and a few examples, read as the loader reads them."""
+    """Sizes, label counts, each column's encoding and a few examples, read as the loader reads them."""
     lines = [f"source: {splits.source}"]
     for name, ds in (("train", splits.train), ("val", splits.val)):
         x, y = read_batch(ds, torch.arange(min(len(ds), n_stats)))
@@ -260,12 +277,14 @@ def summarize(splits: Splits, n_samples: int = 5, n_stats: int = 10_000) -> str:
         shown = f" (first {len(y):,})" if len(y) < len(ds) else ""
         lines.append(
             f"{name}: {len(ds):,} examples, x {tuple(x.shape[1:])} {x.dtype}, y {y.dtype}; "
-            f"label counts{shown} {dict(enumerate(counts))}"
+            f"label counts{shown} {dict(zip(splits.classes, counts, strict=True))}"
         )
-    x, y = read_batch(splits.train, torch.arange(min(len(splits.train), n_stats)))
-    lines.append(f"features: mean {x.mean():.4g}, std {x.std():.4g}, min {x.min():.4g}, max {x.max():.4g}")
-    for i in range(min(n_samples, len(y))):
+    ids = f"; ids left out: {', '.join(splits.ids)}" if splits.ids else ""
+    lines.append(f"label: {splits.label!r}; columns, fitted on the training split{ids}:")
+    lines += show(splits.columns)
+    x, y = read_batch(splits.train, torch.arange(min(len(splits.train), n_samples)))
+    for i in range(len(y)):
         features = ", ".join(f"{v:.3g}" for v in x[i, :8].tolist())
         more = ", ..." if x.shape[1] > 8 else ""
-        lines.append(f"  example {i}: label {int(y[i])}  x [{features}{more}]")
+        lines.append(f"  example {i}: label {splits.classes[int(y[i])]}  x [{features}{more}]")
     return "\n".join(lines)

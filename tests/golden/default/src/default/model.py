@@ -11,16 +11,13 @@ from .data import Splits
 
 
 class MLP(nn.Module):
-    """Standardised features, then hidden layers of Linear, LayerNorm, GELU and dropout."""
+    """Encoded features (data.py standardised them, on the training split), then hidden layers of
+    Linear, LayerNorm, GELU and dropout."""
 
     def __init__(
         self, n_features: int, n_outputs: int, hidden_dim: int, n_layers: int, dropout: float
     ) -> None:
         super().__init__()
-        # Feature standardisation lives in the model (and its checkpoints), set from the
-        # training split only, so inference needs nothing else.
-        self.register_buffer("x_mean", torch.zeros(n_features))
-        self.register_buffer("x_std", torch.ones(n_features))
         layers: list[nn.Module] = []
         width = n_features
         for _ in range(n_layers):
@@ -30,20 +27,13 @@ class MLP(nn.Module):
         self.body = nn.Sequential(*layers)
         self.head = nn.Linear(width, n_outputs)
 
-    @torch.no_grad()
-    def set_standardization(self, x: torch.Tensor) -> None:
-        self.x_mean.copy_(x.mean(dim=0))
-        self.x_std.copy_(x.std(dim=0).clamp_min(1e-6))
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = (x - self.x_mean) / self.x_std  # (B, F)
-        return self.head(self.body(x))  # (B, n_outputs)
+        return self.head(self.body(x))  # x (B, F) -> (B, n_outputs)
 
 
 def build_model(cfg: Config, splits: Splits) -> MLP:
-    model = MLP(splits.n_features, splits.n_classes, cfg.hidden_dim, cfg.n_layers, cfg.dropout)
-    model.set_standardization(splits.train.x)
-    return model
+    """The model of `splits` (Splits, or `predict`'s record of one: only its sizes are read)."""
+    return MLP(splits.n_features, splits.n_classes, cfg.hidden_dim, cfg.n_layers, cfg.dropout)
 
 
 def compute_loss(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:

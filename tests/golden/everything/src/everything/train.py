@@ -81,10 +81,11 @@ def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
         for k in RESUME_FIXED
         if saved.get(k) != getattr(cfg, k)
     ]
+    data = checkpoint["data"]  # a list or dict (an encoding) is too long to show
     changed += [
-        f"data {k} {checkpoint['data'].get(k)!r} -> {v!r}"
+        f"data {k} " + ("changed" if isinstance(v, list | dict) else f"{data.get(k)!r} -> {v!r}")
         for k, v in splits.describe().items()
-        if checkpoint["data"].get(k) != v
+        if data.get(k) != v
     ]
     if changed:
         raise ConfigError(
