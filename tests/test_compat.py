@@ -39,6 +39,32 @@ def test_a_render_through_the_worker_equals_copier_run_copy(tmp_path):
     assert worker.answers.combined["task"] == "generation"
 
 
+def test_copiers_executable_bit_sync_runs_only_where_git_ignores_file_modes(tmp_path, monkeypatch):
+    """copier syncs each rendered file's executable bit into the git index, which acts only in
+    a repository whose core.fileMode is false; scaffold asks git that once a render and lets
+    copier's sync run for every file there, and skips it elsewhere."""
+    import subprocess
+
+    synced = []
+    worker_class = _compat.copier_worker_class()
+    monkeypatch.setattr(
+        worker_class, "_sync_git_index_executable_bit", lambda self, path, mode: synced.append(path)
+    )
+    data = {"project_name": "demo", "distributed": "ddp"}
+    outside = tmp_path / "outside" / "demo"
+    assert not _compat.git_ignores_file_modes(outside)
+    _compat.run_copy(str(template_dir()), outside, data=data, defaults=True, quiet=True)
+    assert synced == []
+
+    repo = tmp_path / "repo"
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run(["git", "-C", str(repo), "config", "core.fileMode", "false"], check=True)
+    inside = repo / "demo"
+    assert _compat.git_ignores_file_modes(inside)
+    _compat.run_copy(str(template_dir()), inside, data=data, defaults=True, quiet=True)
+    assert len(synced) == sum(1 for p in inside.rglob("*") if p.is_file())
+
+
 def test_the_validator_runs_copier_s_own_questionnaire():
     validate = _compat.answer_validator(template_dir())
 
