@@ -4,6 +4,7 @@ damaged shard is caught, and `export` writes weights a plain model loads."""
 
 from __future__ import annotations
 
+import importlib
 import os
 import re
 import signal
@@ -361,3 +362,32 @@ def test_the_skypilot_task_trains_stops_on_sigterm_and_resumes_bit_identical(
     Kubeflow manifest runs the same script)."""
     args = ["--run-dir", "runs/skypilot", "--max-steps", "40", "--batch-size", "16", *SMALL]
     launchers.stop_and_resume(project, "skypilot", args, _env_ddp(project), two_process_run, _port)
+
+
+def test_compile_runs_training_forwards_compiled_and_evaluation_eagerly(tmp_path, monkeypatch):
+    """With --compile each shard unit's forward is compiled for training steps only: a graph for
+    each block width in each mode ran past torch.compile's 8 graphs a piece of code, past which
+    blocks silently ran uncompiled (the matrix's image fsdp checks printed the limit's warning)."""
+    project = render(tmp_path / "compiled-fsdp", distributed="fsdp", compile=True)
+    monkeypatch.syspath_prepend(str(project / "src"))
+    distributed = importlib.import_module("compiled_fsdp.runtime.distributed")
+    compiled = []
+
+    def fake_compile(forward, **options):
+        assert options == {"dynamic": False}
+
+        def run(*args, **kwargs):
+            compiled.append(args[0].shape)
+            return forward(*args, **kwargs)
+
+        return run
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    unit = torch.nn.Linear(3, 2)
+    unit.forward = distributed.compiled_for_training(unit)
+    unit(torch.ones(4, 3)).sum().backward()  # a training step: compiled
+    with torch.no_grad():
+        unit(torch.ones(5, 3))  # no gradients, as in validation: eager
+    unit.eval()
+    unit(torch.ones(6, 3))  # eval mode: eager
+    assert compiled == [torch.Size([4, 3])]

@@ -237,22 +237,33 @@ def model_init_rng(cfg: Config):
 def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
     """The model sharded by FSDP2, in place: each of shard_units(model) is one unit whose
     parameters are gathered for its forward and backward only, the root holds the rest; with
-    --compile each unit's forward is compiled, FSDP's gathers staying outside the graphs."""
+    --compile each unit's training forward is compiled, FSDP's gathers staying outside the graphs."""
     mesh = init_device_mesh(device.type, (init_distributed(device.type).world_size,))
-    # Compiled for static shapes, each shape once: a unit compiled for dynamic shapes (after its
-    # first recompile) failed in inductor's lowering on the image task's residual blocks (torch
-    # 2.13 on the CPU: "Cannot convert expression to float").
     # fp16 weights gathered for compute, gradients reduced in fp32 into the fp32 shards.
     policy = MixedPrecisionPolicy(param_dtype=torch.float16, reduce_dtype=torch.float32)
     batch_norms = torch.nn.BatchNorm1d | torch.nn.BatchNorm2d | torch.nn.BatchNorm3d
     for norm in (m for m in model.modules() if isinstance(m, batch_norms)):
         fully_shard(norm, mesh=mesh)  # fp32 weights, as its running statistics: batch_norm wants one dtype
     for unit in (u for u in shard_units(model) if not isinstance(u, batch_norms)):
-        if cfg.compile:  # static shapes: see the note above
-            unit.forward = torch.compile(unit.forward, dynamic=False)
+        if cfg.compile:
+            unit.forward = compiled_for_training(unit)
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
     return model
+
+
+def compiled_for_training(unit: torch.nn.Module):
+    """The unit's forward compiled for training steps, evaluation eager: units of one class share
+    their code, whose graphs torch.compile caps at 8 (recompile_limit), and a graph per block width
+    in each mode ran past it, leaving blocks uncompiled. Static shapes: dynamic ones failed in
+    inductor's lowering of a residual block (torch 2.13, CPU: "Cannot convert expression to float")."""
+    compiled, eager = torch.compile(unit.forward, dynamic=False), unit.forward
+
+    def forward(*args, **kwargs):
+        training = unit.training and torch.is_grad_enabled()
+        return compiled(*args, **kwargs) if training else eager(*args, **kwargs)
+
+    return forward
 
 
 def shard_units(model: torch.nn.Module) -> list[torch.nn.Module]:
