@@ -33,6 +33,7 @@ SMALL_RUN = (
     "--eval-every", "25", "--log-every", "1", "--deterministic", "--num-workers", "1",
     "--max-steps", str(MAX_STEPS),
 )  # fmt: skip
+READ = {"cwd": "/", "capture_output": True, "text": True, "timeout": 120}
 KEYS = {
     "AWS_ACCESS_KEY_ID": "testing",
     "AWS_SECRET_ACCESS_KEY": "testing",
@@ -175,6 +176,15 @@ def test_a_run_killed_and_its_disk_lost_resumes_on_a_fresh_machine_bit_for_bit(
     assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
     assert same_model(files[FINAL], reference / FINAL)
     assert "checkpoints/step-00000080.json" in files  # its manifest: complete
+    # The read commands take the URL too, from a third machine's cache.
+    env = env_for(project, endpoint, tmp_path / "reader")
+    report = subprocess.run(_command(project, ["report", url]), env=env, **READ)
+    assert report.returncode == 0 and "**Results:** best val loss" in report.stdout, report.stderr
+    export = [*("export", "--checkpoint", f"{url}/checkpoints/best.pt", "--out"), tmp_path / "w.pt"]
+    done = subprocess.run(_command(project, export), env=env, **READ)
+    best = torch.load(reference / "checkpoints" / "best.pt", weights_only=True)["model"]
+    weights = torch.load(tmp_path / "w.pt", weights_only=True)
+    assert done.returncode == 0 and all(torch.equal(weights[k], best[k]) for k in best), done.stderr
 
 
 def test_a_kill_between_a_checkpoints_files_and_its_manifest_leaves_the_previous_one_in_use(
