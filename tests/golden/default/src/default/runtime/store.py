@@ -193,7 +193,10 @@ class RunStore:
         aside.mkdir()
         names = [name for name in (step_name(step), BEST) if (self.local / "checkpoints" / name).exists()]
         for name in names:
-            os.link(self.local / "checkpoints" / name, aside / name)
+            try:
+                os.link(self.local / "checkpoints" / name, aside / name)
+            except OSError:  # a file system without hard links
+                shutil.copyfile(self.local / "checkpoints" / name, aside / name)
         records = {name: (self.local / name).read_bytes() for name in RECORDS}
         self._pending = self._uploads.submit(self._upload, step, aside, names, records)
 
