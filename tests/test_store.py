@@ -223,3 +223,12 @@ def test_refused_credentials_fail_in_one_line_naming_the_store(project, tmp_path
         code, _, stderr = train(project, "s3://runs/refused", tmp_path, env)
     assert code == 1 and stderr.startswith("error: ") and len(stderr.splitlines()) == 1, stderr
     assert "s3://runs/refused" in stderr and "Traceback" not in stderr
+
+
+def test_fsdp_refuses_a_store_url_in_one_line(tmp_path):
+    project = render(tmp_path / "sharded", task="regression", distributed="fsdp")
+    command = _command(project, ["train", "--run-dir", "s3://runs/sharded", "--max-steps", "5"])
+    done = subprocess.run(command, env=_env(project), **{**READ, "cwd": project})
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: --run-dir s3://runs/sharded: a store URL is not")
+    assert not (project / "runs").exists()
