@@ -208,6 +208,24 @@ def test_a_kill_between_a_checkpoints_files_and_its_manifest_leaves_the_previous
     assert same_model(files[FINAL], reference / FINAL)
 
 
+def test_kills_just_after_checkpoints_each_on_a_fresh_machine_lose_nothing(
+    project, reference, endpoint, tmp_path
+):
+    """Each kill lands a step after a checkpoint, with its upload likely in flight; each restart
+    is on a machine of its own, so only the store carries the run."""
+    url = "s3://runs/chain"
+    stops = [21, 51, None]
+    for machine, stop_at in enumerate(stops):
+        env = env_for(project, endpoint, tmp_path / f"cache-{machine}")
+        code, stdout, stderr = train(project, url, project, env, stop_at=stop_at)
+        assert code == (0 if stop_at is None else -signal.SIGKILL), stderr
+        if machine:  # at least the checkpoint before the one in flight when it was killed
+            assert resumed_at(stdout) >= stops[machine - 1] - 11, stdout
+    files = stored(endpoint, "chain")
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
+
+
 def test_an_unreachable_store_fails_in_one_line_naming_it(project, tmp_path):
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     env = env_for(project, nowhere, tmp_path / "cache", AWS_MAX_ATTEMPTS="1")
