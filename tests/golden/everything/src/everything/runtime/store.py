@@ -92,6 +92,9 @@ class LocalRun:
     def __init__(self, path: Path) -> None:
         self.local = path
 
+    def name(self, path: Path) -> str:
+        return str(path)
+
     def push(self, step: int) -> None:
         pass
 
@@ -114,6 +117,10 @@ class RunStore:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **options)
         self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
         self._pending: Future | None = None
+
+    def name(self, path: Path) -> str:
+        """A staged file's name on the store, for the records: the staging folder is this machine's."""
+        return f"{self.url}/{path.relative_to(self.local).as_posix()}"
 
     @contextlib.contextmanager
     def reaching(self, what: str):
