@@ -78,7 +78,12 @@ def main() -> None:
     parser.add_argument("--params", type=float, nargs="+", default=[DEFAULT_PARAMS, 100e6])
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
-    work = Path(tempfile.mkdtemp(prefix="store-bench-"))
+    with tempfile.TemporaryDirectory(prefix="store-bench-") as tmp:
+        measure(args, Path(tmp))
+
+
+def measure(args: argparse.Namespace, work: Path) -> None:
+    """Renders the project in `work`, stages the runs there and prints the table."""
     project = new_project(work / "bench", {}).path
     sys.path.insert(0, str(project / "src"))
     os.environ["XDG_CACHE_HOME"] = str(work / "cache")
