@@ -27,6 +27,7 @@ from .runtime.checkpoint import CheckpointError, export
 from .runtime.distributed import shutdown
 from .runtime.runlog import RunDirError
 from .runtime.stopping import Aborted, RunFolderBusy
+from .runtime.store import StoreError, fetch_checkpoint, fetch_run, is_url
 from .tools.checks import run_checks
 from .tools.diagnose import run_diagnose
 from .tools.findings import DiagnoseError
@@ -37,7 +38,7 @@ from .train import TrainingError, train
 
 # Errors a user can act on: one line and exit 2 (the input or the run folder) or 1 (what happened).
 BAD_INPUT = (ConfigError, DataError, DiagnoseError, RunFolderBusy)
-FAILURES = (*BAD_INPUT, CheckpointError, RunDirError, ReportError, TrainingError)
+FAILURES = (*BAD_INPUT, CheckpointError, RunDirError, ReportError, StoreError, TrainingError)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -85,19 +86,21 @@ def build_parser() -> argparse.ArgumentParser:
 def run_command(args: argparse.Namespace) -> int:
     """Runs the command that `args` names; its exit status."""
     if args.command == "plot":
-        print(f"wrote {plot(args.run_dirs, args.output)}")
+        print(f"wrote {plot([fetch_run(run_dir) for run_dir in args.run_dirs], args.output)}")
         return 0
     if args.command == "report":
-        print(report(args.run_dir, args.since))
+        print(report(fetch_run(args.run_dir), args.since and fetch_run(args.since)))
         return 0
     if args.command == "diagnose":
-        return run_diagnose(args.run_dirs, args.json)
+        return run_diagnose([fetch_run(run_dir) for run_dir in args.run_dirs], args.json)
     if args.command == "export":
-        out = Path(args.out or f"{Path(args.checkpoint)}.model.pt")
-        print(f"wrote {export(Path(args.checkpoint), out)}: load it with torch.load(weights_only=True)")
+        default = Path(args.checkpoint).name if is_url(args.checkpoint) else args.checkpoint  # a URL's: here
+        out = Path(args.out or f"{default}.model.pt")
+        written = export(Path(fetch_checkpoint(args.checkpoint)), out)
+        print(f"wrote {written}: load it with torch.load(weights_only=True)")
         return 0
     if args.command == "predict":
-        print(predict(args.path, args.output, args.checkpoint, args.device))
+        print(predict(args.path, args.output, fetch_checkpoint(args.checkpoint), args.device))
         return 0
     cfg = config_from_args(args)
     if args.command == "train":

@@ -38,6 +38,7 @@ from .runtime.rng import rng_state, set_rng_state
 from .runtime.runlog import RunLog, SilentRunLog, run_record
 from .runtime.state import TrainState, micro_batches, waited
 from .runtime.stopping import StopSignals
+from .runtime.store import open_run
 
 
 class TrainingError(RuntimeError):
@@ -278,9 +279,10 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
         splits = load_splits(cfg)
         engine = Engine(cfg, splits, device)
-        check_checkpoints_kept(Path(cfg.run_dir))
-        run = RunLog(Path(cfg.run_dir)) if group.is_main else SilentRunLog()  # rank 0 alone writes
-        checkpoints = CheckpointDir(Path(cfg.run_dir) / "checkpoints", cfg.keep_last, main=group.is_main)
+        store = open_run(cfg.run_dir, cfg.keep_last, group.local_rank)  # a URL: staged here, pulled
+        check_checkpoints_kept(store.local)
+        run = RunLog(store.local, store) if group.is_main else SilentRunLog()  # rank 0 alone writes
+        checkpoints = CheckpointDir(store.local / "checkpoints", cfg.keep_last, main=group.is_main)
         state, saved_rng = restore_run(cfg, splits, engine, run, checkpoints, group, say)
         if state.step >= cfg.max_steps:
             run.close()

@@ -23,6 +23,7 @@ import torch
 from ..config import Config
 from .records import RunRecordError, damaged_lines, parse_metrics, read_record
 from .stopping import RunLock
+from .store import LocalRun, RunStore
 
 PROJECT = "default"
 
@@ -32,8 +33,9 @@ class RunDirError(RuntimeError):
 
 
 class RunLog:
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, store: LocalRun | RunStore) -> None:
         self.dir = run_dir
+        self.store = store  # where a checkpoint and the records go once written: nowhere, or a URL
         self.run_json = run_dir / "run.json"
         self.metrics_path = run_dir / "metrics.jsonl"
         self._metrics = None
@@ -76,7 +78,8 @@ class RunLog:
         except RunRecordError as error:
             print(f"warning: {error}: rebuilt from this command's settings", file=sys.stderr)
             self.record = {**record, "rebuilt_at_step": step}
-        restart = {"at_step": step, "checkpoint": str(path), "git": git_state(), "command": sys.argv}
+        restart = {"at_step": step, "checkpoint": self.store.name(path), "git": git_state()}
+        restart["command"] = sys.argv
         restart["source_digest"] = source_digest()  # the code that runs from here
         self.record.setdefault("resumed", []).append({**restart, "time": now_utc()})
         write_json_atomically(self.run_json, self.record)
@@ -113,6 +116,7 @@ class RunLog:
             os.fsync(self._metrics.fileno())
         except OSError as error:
             raise RunDirError(f"cannot write {self.metrics_path}: {error.strerror}") from None
+        self.store.push(step)  # in the background: the loop goes on
 
     def finish(self, summary: dict) -> None:
         """Records where this session of the run ended (or was stopped), and how fast it went."""
@@ -120,9 +124,12 @@ class RunLog:
         write_json_atomically(self.run_json, self.record)
 
     def close(self) -> None:
-        """Closes the records and releases the run folder; call it last."""
+        """Closes the records, waits for the store's uploads and releases the run folder; call it last."""
         self._close_records()
-        self.lock.release()
+        try:
+            self.store.close()
+        finally:
+            self.lock.release()
 
     def abandon(self) -> None:
         """Ends a start that failed: the records closed, what it made removed while the run folder

@@ -1,0 +1,252 @@
+"""A generated project's run on an object store (`--run-dir s3://...`), against a real S3-compatible
+server (moto's, started here on localhost): a run killed mid-way and resumed on a "fresh machine"
+(its cache deleted, another working folder) ends bit for bit as an uninterrupted one; a kill
+between a checkpoint's files and its manifest leaves the previous checkpoint in use; an
+unreachable store or refused credentials fail in one line naming the URL.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from test_project import _command, _env, render
+
+boto3 = pytest.importorskip("boto3")
+pytest.importorskip("s3fs")
+pytest.importorskip("moto")
+
+MAX_STEPS = 80
+SMALL_RUN = (
+    "--max-train-examples", "1024", "--batch-size", "64", "--ckpt-every", "10",
+    "--eval-every", "25", "--log-every", "1", "--deterministic", "--num-workers", "1",
+    "--max-steps", str(MAX_STEPS),
+)  # fmt: skip
+READ = {"cwd": "/", "capture_output": True, "text": True, "timeout": 120}
+KEYS = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+FINAL = "checkpoints/step-00000080.pt"
+# Kills the process as its upload thread builds the manifest of step KILL_AT_MANIFEST: that
+# checkpoint's files and the records are uploaded, its manifest is not.
+KILL_AT_MANIFEST = """
+import json, os, signal
+_dumps = json.dumps
+def dumps(obj, *args, **kwargs):
+    at = int(os.environ["KILL_AT_MANIFEST"])
+    if isinstance(obj, dict) and "files" in obj and obj.get("step") == at:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _dumps(obj, *args, **kwargs)
+json.dumps = dumps
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def moto_server(**env):
+    """An S3 server on localhost; its endpoint URL."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), 1):
+                break
+            time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait()
+
+
+@pytest.fixture(scope="module")
+def endpoint():
+    with moto_server() as url:
+        client = boto3.client("s3", endpoint_url=url, **s3_keys())
+        client.create_bucket(Bucket="runs")
+        yield url
+
+
+def s3_keys() -> dict:
+    return {
+        "aws_access_key_id": KEYS["AWS_ACCESS_KEY_ID"],
+        "aws_secret_access_key": KEYS["AWS_SECRET_ACCESS_KEY"],
+        "region_name": KEYS["AWS_DEFAULT_REGION"],
+    }
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory) -> Path:
+    return render(tmp_path_factory.mktemp("store") / "demo")
+
+
+@pytest.fixture(scope="module")
+def reference(project) -> Path:
+    """The uninterrupted run, in a local folder, that every run on the store must equal."""
+    run_dir = project / "runs" / "reference"
+    done = subprocess.run(
+        _command(project, ["train", "--run-dir", run_dir, *SMALL_RUN]),
+        cwd=project, env=_env(project), capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return run_dir
+
+
+def env_for(project: Path, endpoint: str, cache: Path, **extra) -> dict:
+    where = {"AWS_ENDPOINT_URL": endpoint, "XDG_CACHE_HOME": str(cache)}
+    return {**_env(project), **KEYS, **where, **extra}
+
+
+def train(project, url, cwd, env, stop_at: int | None = None) -> tuple[int, str, str]:
+    """Trains the run at `url` from `cwd`; with `stop_at`, SIGKILLs it once it printed that step."""
+    command = _command(project, ["train", "--run-dir", url, *SMALL_RUN])
+    with subprocess.Popen(
+        command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    ) as proc:  # fmt: skip
+        out = []
+        for line in proc.stdout:
+            out.append(line)
+            if stop_at is not None and line.startswith(f"step {stop_at}/"):
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+        stdout, stderr = "".join(out) + proc.stdout.read(), proc.stderr.read()
+        proc.wait()
+    with contextlib.suppress(ProcessLookupError):  # its loader worker
+        os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, stdout, stderr
+
+
+def stored(endpoint: str, prefix: str) -> dict[str, bytes]:
+    client = boto3.client("s3", endpoint_url=endpoint, **s3_keys())
+    listed = client.list_objects_v2(Bucket="runs", Prefix=prefix).get("Contents", [])
+    body = {o["Key"]: client.get_object(Bucket="runs", Key=o["Key"])["Body"] for o in listed}
+    return {key[len(prefix) + 1 :]: data.read() for key, data in body.items()}
+
+
+def resumed_at(stdout: str) -> int:
+    found = re.search(r"^resuming from \S+ at step (\d+)$", stdout, re.MULTILINE)
+    return int(found[1]) if found else 0
+
+
+def same_model(checkpoint: bytes, reference: Path) -> bool:
+    ours = torch.load(io.BytesIO(checkpoint), weights_only=True)["model"]
+    theirs = torch.load(reference, weights_only=True)["model"]
+    return ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_a_run_killed_and_its_disk_lost_resumes_on_a_fresh_machine_bit_for_bit(
+    project, reference, endpoint, tmp_path
+):
+    url = "s3://runs/fresh"
+    first, second = tmp_path / "machine-1", tmp_path / "machine-2"
+    for machine in (first, second):
+        (machine / "work").mkdir(parents=True)
+    env = env_for(project, endpoint, first / "cache")
+    code, _, _ = train(project, url, first / "work", env, stop_at=45)
+    assert code == -signal.SIGKILL
+    shutil.rmtree(first)  # every local file the run wrote, its staging folder and cache included
+    env = env_for(project, endpoint, second / "cache")
+    code, stdout, stderr = train(project, url, second / "work", env)
+    assert code == 0, stderr
+    # Step 40's push waited for step 30's upload: step 30 at least is complete on the store.
+    assert resumed_at(stdout) >= 30, stdout
+    files = stored(endpoint, "fresh")
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
+    assert "checkpoints/step-00000080.json" in files  # its manifest: complete
+    # The read commands take the URL too, from a third machine's cache.
+    env = env_for(project, endpoint, tmp_path / "reader")
+    report = subprocess.run(_command(project, ["report", url]), env=env, **READ)
+    assert report.returncode == 0 and "**Results:** best val loss" in report.stdout, report.stderr
+    export = [*("export", "--checkpoint", f"{url}/checkpoints/best.pt", "--out"), tmp_path / "w.pt"]
+    done = subprocess.run(_command(project, export), env=env, **READ)
+    best = torch.load(reference / "checkpoints" / "best.pt", weights_only=True)["model"]
+    weights = torch.load(tmp_path / "w.pt", weights_only=True)
+    assert done.returncode == 0 and all(torch.equal(weights[k], best[k]) for k in best), done.stderr
+
+
+def test_a_kill_between_a_checkpoints_files_and_its_manifest_leaves_the_previous_one_in_use(
+    project, reference, endpoint, tmp_path
+):
+    url = "s3://runs/cut"
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(KILL_AT_MANIFEST)
+    env = env_for(project, endpoint, tmp_path / "cache")
+    killing = {**env, "PYTHONPATH": f"{inject}:{env['PYTHONPATH']}", "KILL_AT_MANIFEST": "20"}
+    code, _, _ = train(project, url, project, killing)
+    assert code == -signal.SIGKILL
+    files = stored(endpoint, "cut")
+    assert "checkpoints/step-00000020.pt" in files and "checkpoints/step-00000020.json" not in files
+    code, stdout, stderr = train(project, url, project, env)
+    assert code == 0, stderr
+    assert resumed_at(stdout) == 10, stdout
+    files = stored(endpoint, "cut")
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
+
+
+def test_kills_just_after_checkpoints_each_on_a_fresh_machine_lose_nothing(
+    project, reference, endpoint, tmp_path
+):
+    """Each kill lands a step after a checkpoint, with its upload likely in flight; each restart
+    is on a machine of its own, so only the store carries the run."""
+    url = "s3://runs/chain"
+    stops = [21, 51, None]
+    for machine, stop_at in enumerate(stops):
+        env = env_for(project, endpoint, tmp_path / f"cache-{machine}")
+        code, stdout, stderr = train(project, url, project, env, stop_at=stop_at)
+        assert code == (0 if stop_at is None else -signal.SIGKILL), stderr
+        if machine:  # at least the checkpoint before the one in flight when it was killed
+            assert resumed_at(stdout) >= stops[machine - 1] - 11, stdout
+    files = stored(endpoint, "chain")
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
+
+
+def test_an_unreachable_store_fails_in_one_line_naming_it(project, tmp_path):
+    nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    env = env_for(project, nowhere, tmp_path / "cache", AWS_MAX_ATTEMPTS="1")
+    code, _, stderr = train(project, "s3://runs/nowhere", tmp_path, env)
+    assert code == 1 and stderr.startswith("error: ") and len(stderr.splitlines()) == 1, stderr
+    assert "s3://runs/nowhere" in stderr and "Traceback" not in stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_refused_credentials_fail_in_one_line_naming_the_store(project, tmp_path):
+    with moto_server(INITIAL_NO_AUTH_ACTION_COUNT="0") as strict:  # checks keys: ours are unknown
+        env = env_for(project, strict, tmp_path / "cache")
+        code, _, stderr = train(project, "s3://runs/refused", tmp_path, env)
+    assert code == 1 and stderr.startswith("error: ") and len(stderr.splitlines()) == 1, stderr
+    assert "s3://runs/refused" in stderr and "Traceback" not in stderr
+
+
+def test_fsdp_refuses_a_store_url_in_one_line(tmp_path):
+    project = render(tmp_path / "sharded", task="regression", distributed="fsdp")
+    command = _command(project, ["train", "--run-dir", "s3://runs/sharded", "--max-steps", "5"])
+    done = subprocess.run(command, env=_env(project), **{**READ, "cwd": project})
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert done.stderr.startswith("error: --run-dir s3://runs/sharded: a store URL is not")
+    assert not (project / "runs").exists()
