@@ -150,6 +150,15 @@ def digest(payload: dict) -> str:
     return sha.hexdigest()
 
 
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, read a megabyte at a time."""
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
 def _atomic_save(payload: dict, target: Path) -> None:
     tmp = target.with_name(f".{target.name}.tmp")
     try:

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import fsspec
 
-from .checkpoint import step_name
+from .checkpoint import file_digest, step_name
 
 PROJECT = "default"
 RECORDS = ("run.json", "metrics.jsonl")
@@ -252,14 +252,6 @@ class RunStore:
                         self.fs.put_file(str(self.local / name), f"{self.root}/{name}")
         finally:
             self._uploads.shutdown()
-
-
-def file_digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 def _fresh(path: Path) -> Path:

@@ -187,16 +187,8 @@ def _verify(path: Path, files: dict, share: slice) -> None:
     if present != files.keys():
         raise CheckpointError(f"checkpoint {path} has other files than it was written with")
     for name in sorted(files)[share]:
-        if _file_digest(path / name) != files[name]:
+        if file_digest(path / name) != files[name]:
             raise CheckpointError(f"checkpoint {path} is damaged ({name} does not match its digest)")
-
-
-def _file_digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 def digest(payload: dict) -> str:
@@ -225,6 +217,15 @@ def digest(payload: dict) -> str:
     return sha.hexdigest()
 
 
+def file_digest(path: Path) -> str:
+    """SHA-256 of a file's bytes, read a megabyte at a time."""
+    sha = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            sha.update(chunk)
+    return sha.hexdigest()
+
+
 def _save_sharded(payload: dict, target: Path, main: bool) -> None:
     """Every rank writes its shards into a temporary folder; once all have, rank 0 writes
     state.pt (with each shard file's digest, each rank hashing its share) and renames the folder
@@ -237,7 +238,7 @@ def _save_sharded(payload: dict, target: Path, main: bool) -> None:
         barrier()
         dcp.save({name: payload[name] for name in SHARDED}, checkpoint_id=tmp)  # fsyncs its files
         names = sorted(p.name for p in tmp.iterdir())
-        mine = {name: _file_digest(tmp / name) for name in names[rank::world_size]}
+        mine = {name: file_digest(tmp / name) for name in names[rank::world_size]}
         files = {name: d for share in all_gather(mine) for name, d in share.items()}
         if main:
             state = {k: v for k, v in payload.items() if k not in SHARDED} | {"files": files}

@@ -28,7 +28,7 @@ from pathlib import Path
 import fsspec
 
 from ..config import ConfigError
-from .checkpoint import step_name
+from .checkpoint import file_digest, step_name
 
 PROJECT = "everything"
 RECORDS = ("run.json", "metrics.jsonl")
@@ -250,14 +250,6 @@ class RunStore:
                         self.fs.put_file(str(self.local / name), f"{self.root}/{name}")
         finally:
             self._uploads.shutdown()
-
-
-def file_digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            sha.update(chunk)
-    return sha.hexdigest()
 
 
 def _fresh(path: Path) -> Path:
