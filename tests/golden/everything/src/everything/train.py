@@ -294,7 +294,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         engine = Engine(cfg, splits, device)
         store = open_run(cfg.run_dir, cfg.keep_last, group.local_rank)  # a URL: staged here, pulled
         check_checkpoints_kept(store.local)
-        run = RunLog(store.local, store) if group.is_main else SilentRunLog()  # rank 0 alone writes
+        run = RunLog(store) if group.is_main else SilentRunLog()  # rank 0 alone writes
         checkpoints = CheckpointDir(store.local / "checkpoints", cfg.keep_last, main=group.is_main)
         state, saved_rng = restore_run(cfg, splits, engine, run, checkpoints, group, say)
         if state.step >= cfg.max_steps:

@@ -50,6 +50,11 @@ def cache_dir(url: str, kind: str) -> Path:
     return base / PROJECT / kind / hashlib.sha256(url.encode()).hexdigest()[:16]
 
 
+def staging_dir(run_dir: str) -> Path:
+    """Where --run-dir's run trains on this machine: the folder itself, or a URL's staging folder."""
+    return cache_dir(run_dir.rstrip("/"), "runs") if is_url(run_dir) else Path(run_dir)
+
+
 def open_run(run_dir: str, keep_last: int, local_rank: int) -> "LocalRun | RunStore":
     """--run-dir's run: a local folder as it is, or a URL staged here and pulled from its store."""
     if not is_url(run_dir):
@@ -112,7 +117,7 @@ class RunStore:
 
     def __init__(self, url: str, keep_last: int = 1) -> None:
         self.url = url.rstrip("/")
-        self.local = cache_dir(self.url, "runs")
+        self.local = staging_dir(self.url)
         self.keep_last = keep_last
         with self.reaching("open"):
             options = {"auto_mkdir": True} if self.url.startswith("file://") else {}  # stores have none

@@ -35,9 +35,9 @@ class RunDirError(RuntimeError):
 
 
 class RunLog:
-    def __init__(self, run_dir: Path, store: LocalRun | RunStore) -> None:
-        self.dir = run_dir
+    def __init__(self, store: LocalRun | RunStore) -> None:
         self.store = store  # where a checkpoint and the records go once written: nowhere, or a URL
+        self.dir = run_dir = store.local
         self.run_json = run_dir / "run.json"
         self.metrics_path = run_dir / "metrics.jsonl"
         self._metrics = None

@@ -34,7 +34,7 @@ from ..runtime.loader import EpochDataset
 from ..runtime.records import commit_label
 from ..runtime.runlog import PROJECT, git_state, make_folders, now_utc, source_digest, write_json_atomically
 from ..runtime.stopping import RunFolderBusy, RunLock
-from ..runtime.store import cache_dir, is_url
+from ..runtime.store import staging_dir
 from .resume_check import resume_matches
 from .timing import LOADER_WARN_SHARE, time_loader
 
@@ -225,8 +225,7 @@ def run_checks(cfg: Config, which: str) -> int:
 def _run(cfg: Config, which: str, main: bool) -> int:
     """Every rank runs the checks; rank 0 reports, and its exit status is the command's."""
     say = print if main else lambda line: None
-    run_dir = cache_dir(cfg.run_dir, "runs") if is_url(cfg.run_dir) else Path(cfg.run_dir)  # a URL's: staged
-    work = run_dir.parent / "check"
+    work = staging_dir(cfg.run_dir).parent / "check"
     # What is checked, taken before the checks start: a commit made while they run is not theirs.
     checked = {"git": git_state(), "source_digest": source_digest(), "config": asdict(cfg)}
     checked["started"] = now_utc()
