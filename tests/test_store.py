@@ -8,7 +8,9 @@ unreachable store or refused credentials fail in one line naming the URL.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -21,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_ddp import _workers
 from test_project import _command, _env, render
 
 boto3 = pytest.importorskip("boto3")
@@ -40,6 +43,13 @@ KEYS = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 FINAL = "checkpoints/step-00000080.pt"
+SHARDED_STEPS = 40
+# Gives each rank of a launch a cache of its own (the launcher, which has no RANK, keeps its own).
+PER_RANK_CACHE = """
+import os
+if "RANK" in os.environ:
+    os.environ["XDG_CACHE_HOME"] += "-rank" + os.environ["RANK"]
+"""
 # Kills the process as its upload thread builds the manifest of step KILL_AT_MANIFEST: that
 # checkpoint's files and the records are uploaded, its manifest is not.
 KILL_AT_MANIFEST = """
@@ -243,10 +253,83 @@ def test_refused_credentials_fail_in_one_line_naming_the_store(project, tmp_path
     assert "s3://runs/refused" in stderr and "Traceback" not in stderr
 
 
-def test_fsdp_refuses_a_store_url_in_one_line(tmp_path):
-    project = render(tmp_path / "sharded", task="regression", distributed="fsdp")
-    command = _command(project, ["train", "--run-dir", "s3://runs/sharded", "--max-steps", "5"])
-    done = subprocess.run(command, env=_env(project), **{**READ, "cwd": project})
-    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
-    assert done.stderr.startswith("error: --run-dir s3://runs/sharded: a store URL is not")
-    assert not (project / "runs").exists()
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    return render(tmp_path_factory.mktemp("store-fsdp") / "sharded", distributed="fsdp")
+
+
+def launch(project, url, env, stop_at: int | None = None, cwd: Path | None = None):
+    """scripts/train_single_node.sh (2 processes); with `stop_at`, SIGKILLs its workers and the
+    launcher once that step is printed. Its exit status and output."""
+    command = [project / "scripts" / "train_single_node.sh", "--run-dir", url, *SMALL_RUN,
+               "--num-workers", "0", "--max-steps", str(SHARDED_STEPS)]  # fmt: skip
+    with subprocess.Popen(command, cwd=cwd or project, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as launcher:  # fmt: skip
+        out = []
+        for line in launcher.stdout:
+            out.append(line)
+            if stop_at is not None and line.startswith(f"step {stop_at}/"):
+                for pid in _workers(launcher, "sharded").values():  # each in a session of its own
+                    os.kill(pid, signal.SIGKILL)
+                launcher.kill()
+                break
+        launcher.wait()
+    return launcher.returncode, "".join(out)
+
+
+def sharded_env(project, endpoint, cache: Path, **extra) -> dict:
+    return env_for(project, endpoint, cache, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **extra)
+
+
+def test_fsdp_a_run_killed_and_its_disk_lost_resumes_on_a_fresh_machine_bit_for_bit(
+    sharded, endpoint, tmp_path
+):
+    """Checkpoint folders of shards on the store: rank 0 uploads and pulls them for both ranks."""
+    code, out = launch(sharded, tmp_path / "reference", sharded_env(sharded, endpoint, tmp_path))
+    assert code == 0, out[-3000:]
+    url, first, second = "s3://runs/sharded", tmp_path / "machine-1", tmp_path / "machine-2"
+    code, out = launch(sharded, url, sharded_env(sharded, endpoint, first / "cache"), stop_at=35)
+    assert code == -signal.SIGKILL, out[-3000:]
+    shutil.rmtree(first)  # its staging folder with it
+    second.mkdir()
+    env = sharded_env(sharded, endpoint, second / "cache")
+    code, out = launch(sharded, url, env, cwd=second)
+    assert code == 0, out[-3000:]
+    # Step 30's push waited for step 20's upload: step 20 at least is complete on the store.
+    assert resumed_at(out) >= 20, out[-3000:]
+    files = stored(endpoint, "sharded")
+    assert files["metrics.jsonl"] == (tmp_path / "reference" / "metrics.jsonl").read_bytes()
+    final = json.loads(files[f"checkpoints/step-{SHARDED_STEPS:08d}.json"])["files"]
+    shards = [name for name in final if name.endswith(".distcp")]  # .metadata, state.pt name paths
+    assert len(shards) == 4  # 2 ranks' shards of the step and of best
+    for name in shards:  # the model and optimizer, bit for bit
+        ours = tmp_path / "reference" / "checkpoints" / name
+        assert final[name]["sha256"] == hashlib.sha256(ours.read_bytes()).hexdigest(), name
+    # `export` takes the URL of a checkpoint folder, from a third machine's cache.
+    env = env_for(sharded, endpoint, tmp_path / "reader")
+    weights = {}
+    for where in (f"{url}/checkpoints/best", tmp_path / "reference" / "checkpoints" / "best"):
+        out_file = tmp_path / f"w{len(weights)}.pt"
+        export = ["export", "--checkpoint", where, "--out", out_file]
+        done = subprocess.run(_command(sharded, export), env=env, **READ)
+        assert done.returncode == 0, done.stderr
+        weights[where] = torch.load(out_file, weights_only=True)
+    ours, theirs = weights.values()
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def test_fsdp_ranks_that_do_not_share_the_staging_folder_are_refused_in_one_line(
+    sharded, endpoint, tmp_path
+):
+    """Each rank its own cache, as on machines that share no disk: rank 0 alone uploads, from a
+    folder the others' shards never reach."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(PER_RANK_CACHE)
+    env = sharded_env(sharded, endpoint, tmp_path / "cache")
+    env["PYTHONPATH"] = f"{inject}:{env['PYTHONPATH']}"
+    code, out = launch(sharded, "s3://runs/unshared", env)
+    assert code == 2, out[-3000:]
+    assert "error: --run-dir s3://runs/unshared: not every rank sees the staging folder" in out
+    assert "Traceback" not in out and "XDG_CACHE_HOME" in out
+    assert not stored(endpoint, "unshared")

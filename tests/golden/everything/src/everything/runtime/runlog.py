@@ -23,8 +23,9 @@ import torch
 
 from ..config import Config
 from .records import RunRecordError, damaged_lines, parse_metrics, read_record
+from .rundir import LocalRun
 from .stopping import RunLock
-from .store import LocalRun, RunStore
+from .store import RunStore
 from .tracking import Tracker
 
 PROJECT = "everything"
