@@ -237,6 +237,38 @@ def test_kills_just_after_checkpoints_each_on_a_fresh_machine_lose_nothing(
     assert same_model(files[FINAL], reference / FINAL)
 
 
+def test_a_second_start_of_a_url_on_one_machine_is_refused_before_it_touches_the_first(
+    project, reference, endpoint, tmp_path
+):
+    url = "s3://runs/twice"
+    env = env_for(project, endpoint, tmp_path / "cache")  # one machine: one staging folder
+    for where in ("a", "b"):
+        (tmp_path / where).mkdir()
+    command = _command(project, ["train", "--run-dir", url, *SMALL_RUN])
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    with subprocess.Popen(
+        command, cwd=tmp_path / "a", env=env, start_new_session=True, **pipes
+    ) as first:
+        for line in first.stdout:
+            if line.startswith("step 25/"):
+                break
+        # Paused with step 20 written in the staging folder, perhaps not yet uploaded: a start
+        # that pulled the store's checkpoint into the folder would delete it and cut the records.
+        os.killpg(first.pid, signal.SIGSTOP)
+        try:
+            second = subprocess.run(command, cwd=tmp_path / "b", env=env, timeout=120, **pipes)
+        finally:
+            os.killpg(first.pid, signal.SIGCONT)
+        first.stdout.read()
+        stderr = first.stderr.read()
+    assert second.returncode == 2, second.stderr
+    last = second.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {url} (staged in ") and f"in use by pid {first.pid} " in last
+    assert "Traceback" not in second.stderr
+    assert first.returncode == 0, stderr
+    assert stored(endpoint, "twice")["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+
+
 def test_an_unreachable_store_fails_in_one_line_naming_it(project, tmp_path):
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     env = env_for(project, nowhere, tmp_path / "cache", AWS_MAX_ATTEMPTS="1")

@@ -52,6 +52,7 @@ class LocalRun:
 
     def __init__(self, path: Path) -> None:
         self.local = path
+        self.lock = None  # RunLog takes the folder's
 
     def name(self, path: Path) -> str:
         return str(path)

@@ -28,6 +28,7 @@ from pathlib import Path
 import fsspec
 
 from .checkpoint import file_digest, step_name
+from .stopping import RunLock
 
 PROJECT = "default"
 RECORDS = ("run.json", "metrics.jsonl")
@@ -67,6 +68,7 @@ class RunStore:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **options)
         self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
         self._pending: Future | None = None
+        self.lock: RunLock | None = None  # taken by pull(), on the staging folder
 
     def name(self, path: Path) -> str:
         """A staged file's name on the store, for the records: the staging folder is this machine's."""
@@ -88,6 +90,9 @@ class RunStore:
         a new run), after deleting what a cut-off upload left in the store."""
         folder = self.local / "checkpoints"
         folder.mkdir(parents=True, exist_ok=True)
+        # Before anything here changes: another start of this URL on this machine would delete
+        # the checkpoint a running one has written and not yet uploaded. RunLog holds it on.
+        self.lock = RunLock(self.local, name=f"{self.url} (staged in {self.local})")
         with self.reaching("read"):
             self.fs.invalidate_cache()
             manifests = self.manifests()
