@@ -8,7 +8,9 @@ unreachable store or refused credentials fail in one line naming the URL.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
+import json
 import os
 import re
 import shutil
@@ -21,6 +23,8 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed.checkpoint as dcp
+from test_ddp import _workers
 from test_project import _command, _env, render
 
 boto3 = pytest.importorskip("boto3")
@@ -40,6 +44,13 @@ KEYS = {
     "AWS_DEFAULT_REGION": "us-east-1",
 }
 FINAL = "checkpoints/step-00000080.pt"
+SHARDED_STEPS = 40
+# Gives each rank of a launch a cache of its own (the launcher, which has no RANK, keeps its own).
+PER_RANK_CACHE = """
+import os
+if "RANK" in os.environ:
+    os.environ["XDG_CACHE_HOME"] += "-rank" + os.environ["RANK"]
+"""
 # Kills the process as its upload thread builds the manifest of step KILL_AT_MANIFEST: that
 # checkpoint's files and the records are uploaded, its manifest is not.
 KILL_AT_MANIFEST = """
@@ -226,6 +237,38 @@ def test_kills_just_after_checkpoints_each_on_a_fresh_machine_lose_nothing(
     assert same_model(files[FINAL], reference / FINAL)
 
 
+def test_a_second_start_of_a_url_on_one_machine_is_refused_before_it_touches_the_first(
+    project, reference, endpoint, tmp_path
+):
+    url = "s3://runs/twice"
+    env = env_for(project, endpoint, tmp_path / "cache")  # one machine: one staging folder
+    for where in ("a", "b"):
+        (tmp_path / where).mkdir()
+    command = _command(project, ["train", "--run-dir", url, *SMALL_RUN])
+    pipes = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, "text": True}
+    with subprocess.Popen(
+        command, cwd=tmp_path / "a", env=env, start_new_session=True, **pipes
+    ) as first:
+        for line in first.stdout:
+            if line.startswith("step 25/"):
+                break
+        # Paused with step 20 written in the staging folder, perhaps not yet uploaded: a start
+        # that pulled the store's checkpoint into the folder would delete it and cut the records.
+        os.killpg(first.pid, signal.SIGSTOP)
+        try:
+            second = subprocess.run(command, cwd=tmp_path / "b", env=env, timeout=120, **pipes)
+        finally:
+            os.killpg(first.pid, signal.SIGCONT)
+        first.stdout.read()
+        stderr = first.stderr.read()
+    assert second.returncode == 2, second.stderr
+    last = second.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {url} (staged in ") and f"in use by pid {first.pid} " in last
+    assert "Traceback" not in second.stderr
+    assert first.returncode == 0, stderr
+    assert stored(endpoint, "twice")["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+
+
 def test_an_unreachable_store_fails_in_one_line_naming_it(project, tmp_path):
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     env = env_for(project, nowhere, tmp_path / "cache", AWS_MAX_ATTEMPTS="1")
@@ -243,10 +286,99 @@ def test_refused_credentials_fail_in_one_line_naming_the_store(project, tmp_path
     assert "s3://runs/refused" in stderr and "Traceback" not in stderr
 
 
-def test_fsdp_refuses_a_store_url_in_one_line(tmp_path):
-    project = render(tmp_path / "sharded", task="regression", distributed="fsdp")
-    command = _command(project, ["train", "--run-dir", "s3://runs/sharded", "--max-steps", "5"])
-    done = subprocess.run(command, env=_env(project), **{**READ, "cwd": project})
-    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
-    assert done.stderr.startswith("error: --run-dir s3://runs/sharded: a store URL is not")
-    assert not (project / "runs").exists()
+@pytest.fixture(scope="module")
+def sharded(tmp_path_factory) -> Path:
+    return render(tmp_path_factory.mktemp("store-fsdp") / "sharded", distributed="fsdp")
+
+
+def launch(project, url, env, stop_at: int | None = None, cwd: Path | None = None):
+    """scripts/train_single_node.sh (2 processes); with `stop_at`, SIGKILLs its workers and the
+    launcher once that step is printed. Its exit status and output."""
+    command = [project / "scripts" / "train_single_node.sh", "--run-dir", url, *SMALL_RUN,
+               "--num-workers", "0", "--max-steps", str(SHARDED_STEPS)]  # fmt: skip
+    with subprocess.Popen(command, cwd=cwd or project, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True) as launcher:  # fmt: skip
+        out = []
+        for line in launcher.stdout:
+            out.append(line)
+            if stop_at is not None and line.startswith(f"step {stop_at}/"):
+                for pid in _workers(launcher, "sharded").values():  # each in a session of its own
+                    os.kill(pid, signal.SIGKILL)
+                launcher.kill()
+                break
+        launcher.wait()
+    return launcher.returncode, "".join(out)
+
+
+def sharded_env(project, endpoint, cache: Path, **extra) -> dict:
+    return env_for(project, endpoint, cache, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **extra)
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled")  # whole_model: one process
+def test_fsdp_a_run_killed_and_its_disk_lost_resumes_on_a_fresh_machine_bit_for_bit(
+    sharded, endpoint, tmp_path
+):
+    """Checkpoint folders of shards on the store: rank 0 uploads and pulls them for both ranks."""
+    code, out = launch(sharded, tmp_path / "reference", sharded_env(sharded, endpoint, tmp_path))
+    assert code == 0, out[-3000:]
+    url, first, second = "s3://runs/sharded", tmp_path / "machine-1", tmp_path / "machine-2"
+    code, out = launch(sharded, url, sharded_env(sharded, endpoint, first / "cache"), stop_at=35)
+    assert code == -signal.SIGKILL, out[-3000:]
+    shutil.rmtree(first)  # its staging folder with it
+    second.mkdir()
+    env = sharded_env(sharded, endpoint, second / "cache")
+    code, out = launch(sharded, url, env, cwd=second)
+    assert code == 0, out[-3000:]
+    # Step 30's push waited for step 20's upload: step 20 at least is complete on the store.
+    assert resumed_at(out) >= 20, out[-3000:]
+    files = stored(endpoint, "sharded")
+    assert files["metrics.jsonl"] == (tmp_path / "reference" / "metrics.jsonl").read_bytes()
+    final = json.loads(files[f"checkpoints/step-{SHARDED_STEPS:08d}.json"])["files"]
+    shards = [name for name in final if name.endswith(".distcp")]  # .metadata, state.pt name paths
+    assert len(shards) == 4  # 2 ranks' shards of the step and of best
+    for name in shards:  # the model and optimizer, bit for bit
+        ours = tmp_path / "reference" / "checkpoints" / name
+        assert final[name]["sha256"] == hashlib.sha256(ours.read_bytes()).hexdigest(), name
+    print(
+        f"fsdp on the store: killed -9 after step 35, resumed on a fresh cache at step"
+        f" {resumed_at(out)}; metrics.jsonl equal ({len(files['metrics.jsonl'].splitlines())}"
+        f" records), {len(shards)} shard files equal; last lines:\n"
+        + "".join(line for line in out.splitlines(keepends=True)[-6:] if line.startswith("step"))
+    )
+    # `export` takes the URL of a checkpoint folder, from a third machine's cache.
+    env = env_for(sharded, endpoint, tmp_path / "reader")
+    export = ["export", "--checkpoint", f"{url}/checkpoints/best", "--out", tmp_path / "w.pt"]
+    done = subprocess.run(_command(sharded, export), env=env, **READ)
+    assert done.returncode == 0, done.stderr
+    ours = torch.load(tmp_path / "w.pt", weights_only=True)
+    theirs = whole_model(tmp_path / "reference" / "checkpoints" / "best")
+    assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours)
+
+
+def whole_model(folder: Path) -> dict:
+    """A checkpoint folder's model weights, whole, read here on one process."""
+    metadata = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
+    tensors = {
+        key: torch.empty(meta.size, dtype=meta.properties.dtype)
+        for key, meta in metadata.items()
+        if key.startswith("model.")
+    }
+    dcp.load(tensors, checkpoint_id=folder, no_dist=True)
+    return {key.removeprefix("model."): tensor for key, tensor in tensors.items()}
+
+
+def test_fsdp_ranks_that_do_not_share_the_staging_folder_are_refused_in_one_line(
+    sharded, endpoint, tmp_path
+):
+    """Each rank its own cache, as on machines that share no disk: rank 0 alone uploads, from a
+    folder the others' shards never reach."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(PER_RANK_CACHE)
+    env = sharded_env(sharded, endpoint, tmp_path / "cache")
+    env["PYTHONPATH"] = f"{inject}:{env['PYTHONPATH']}"
+    code, out = launch(sharded, "s3://runs/unshared", env)
+    assert code == 2, out[-3000:]
+    assert "error: --run-dir s3://runs/unshared: not every rank sees the staging folder" in out
+    assert "Traceback" not in out and "XDG_CACHE_HOME" in out
+    assert not stored(endpoint, "unshared")

@@ -25,9 +25,10 @@ from .data import DataError, load_splits, summarize
 from .predict import predict
 from .runtime.checkpoint import CheckpointError, export
 from .runtime.distributed import shutdown
+from .runtime.rundir import fetch_checkpoint, fetch_run
 from .runtime.runlog import RunDirError
 from .runtime.stopping import Aborted, RunFolderBusy
-from .runtime.store import StoreError, fetch_checkpoint, fetch_run, is_url
+from .runtime.store import StoreError, is_url
 from .tools.checks import run_checks
 from .tools.diagnose import run_diagnose
 from .tools.findings import DiagnoseError

@@ -23,9 +23,10 @@ from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
 from .runtime.checkpoint import CheckpointError, export
 from .runtime.distributed import leave_with_the_group, lost_a_rank, report_failure, shutdown, tell_launcher
+from .runtime.rundir import fetch_checkpoint, fetch_run
 from .runtime.runlog import RunDirError
 from .runtime.stopping import Aborted, RunFolderBusy
-from .runtime.store import StoreError, fetch_checkpoint, fetch_run, is_url
+from .runtime.store import StoreError, is_url
 from .tools.checks import run_checks
 from .tools.diagnose import run_diagnose
 from .tools.findings import DiagnoseError

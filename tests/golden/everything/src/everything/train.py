@@ -39,10 +39,10 @@ from .runtime.loader import EpochBatches, build_loaders, close
 from .runtime.progress import Progress
 from .runtime.records import RunRecordError, read_metrics, read_record
 from .runtime.rng import rng_state, set_rng_state
+from .runtime.rundir import open_run
 from .runtime.runlog import RunLog, SilentRunLog, run_record
 from .runtime.state import TrainState, micro_batches, waited
 from .runtime.stopping import StopSignals
-from .runtime.store import open_run
 
 
 class TrainingError(RuntimeError):
@@ -292,7 +292,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
         splits = load_splits(cfg)
         engine = Engine(cfg, splits, device)
-        store = open_run(cfg.run_dir, cfg.keep_last, group.local_rank)  # a URL: staged here, pulled
+        store = open_run(cfg.run_dir, cfg.keep_last, group)  # a URL: staged here, pulled
         check_checkpoints_kept(store.local)
         run = RunLog(store) if group.is_main else SilentRunLog()  # rank 0 alone writes
         checkpoints = CheckpointDir(store.local / "checkpoints", cfg.keep_last, main=group.is_main)

@@ -22,8 +22,9 @@ import torch
 
 from ..config import Config
 from .records import RunRecordError, damaged_lines, parse_metrics, read_record
+from .rundir import LocalRun
 from .stopping import RunLock
-from .store import LocalRun, RunStore
+from .store import RunStore
 
 PROJECT = "default"
 
@@ -49,7 +50,7 @@ class RunLog:
         try:  # fail before training, not at the first checkpoint
             self._made = make_folders(run_dir)
             self._had = set(os.listdir(run_dir))
-            self.lock = RunLock(run_dir)  # held until close(): one writer per run folder
+            self.lock = store.lock or RunLock(run_dir)  # held until close(): one writer per run folder
             checkpoints.mkdir(exist_ok=True)
             probe = checkpoints / ".write-test"
             probe.write_text("ok")

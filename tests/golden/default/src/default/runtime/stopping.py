@@ -66,7 +66,7 @@ def ignore_stop_signals() -> None:
 class RunLock:
     """An exclusive lock on RUN_DIR/.lock, naming its holder; released by release() or by the kernel."""
 
-    def __init__(self, run_dir: Path) -> None:
+    def __init__(self, run_dir: Path, name: str = "") -> None:
         self.path = run_dir / ".lock"
         while True:
             self.file = self.path.open("a+", encoding="utf-8")
@@ -80,7 +80,7 @@ class RunLock:
                 holder = self.file.read().strip() or "another process"
                 self.file.close()
                 raise RunFolderBusy(
-                    f"{run_dir} is in use by {holder}: wait for it to end, or train into another --run-dir"
+                    f"{name or run_dir} is in use by {holder}: wait for it to end, or train into another --run-dir"
                 ) from None
             if self.path.exists() and os.path.samestat(os.fstat(self.file.fileno()), self.path.stat()):
                 break

@@ -6,6 +6,7 @@ is config.py, data.py, model.py and optim.py above this folder, and the loop in 
     checkpoint.py  checkpoints written atomically, verified on load
     runlog.py      run.json and metrics.jsonl; the run folder's lock
     stopping.py    SIGTERM, Ctrl-C and SIGUSR1 end a run at a step, with its checkpoint
+    rundir.py      --run-dir, a local folder or a store URL: opened to train, or fetched to read
     store.py       --run-dir on an object store (s3://, gs://): checkpoints uploaded, resumed anywhere
     distributed.py the torchrun process group and the collectives the loop uses
     tracking.py    the mlflow run that mirrors metrics.jsonl

@@ -27,12 +27,12 @@ from pathlib import Path
 
 import fsspec
 
-from ..config import ConfigError
 from .checkpoint import file_digest, step_name
+from .stopping import RunLock
 
 PROJECT = "everything"
 RECORDS = ("run.json", "metrics.jsonl")
-BEST = "best.pt"
+BEST = "best"  # replaced in place, so stored under a name of its contents
 MANIFEST = re.compile(r"step-(\d+)\.json")
 
 
@@ -56,60 +56,6 @@ def staging_dir(run_dir: str) -> Path:
     return cache_dir(run_dir.rstrip("/"), "runs") if is_url(run_dir) else Path(run_dir)
 
 
-def open_run(run_dir: str, keep_last: int, local_rank: int) -> "LocalRun | RunStore":
-    """--run-dir's run: a local folder as it is, or a URL staged here and pulled from its store."""
-    if not is_url(run_dir):
-        return LocalRun(Path(run_dir))
-    raise ConfigError(f"--run-dir {run_dir}: a store URL is not supported under fsdp: give a local folder")
-
-
-def fetch_run(run_dir: str) -> str:
-    """A run to read: a local folder as it is, or a URL's run.json and metrics.jsonl copied here."""
-    if not is_url(run_dir):
-        return run_dir
-    store = RunStore(run_dir)
-    local = cache_dir(store.url, "reads")
-    with store.reaching("read"):
-        for name in RECORDS:
-            store.fs.get_file(f"{store.root}/{name}", str(_fresh(local / name)))
-    return str(local)
-
-
-def fetch_checkpoint(path: str) -> str:
-    """A checkpoint to read: a local file as it is, or `URL/checkpoints/NAME` (a step's or best.pt)
-    from the newest complete checkpoint that holds it, its digest verified."""
-    if not is_url(path):
-        return path
-    run_url, _, name = path.rpartition("/checkpoints/")
-    store = RunStore(run_url)
-    local = cache_dir(store.url, "reads") / "checkpoints"
-    with store.reaching("read"):
-        for _, manifest in reversed(store.manifests()):
-            if name in manifest["files"]:
-                store.download(manifest["files"][name], local / name)
-                return str(local / name)
-    raise StoreError(f"{path}: no complete checkpoint in {run_url} holds {name}")
-
-
-class LocalRun:
-    """A local --run-dir: trained in place, nothing to upload."""
-
-    def __init__(self, path: Path) -> None:
-        self.local = path
-
-    def name(self, path: Path) -> str:
-        return str(path)
-
-    def push(self, step: int) -> None:
-        pass
-
-    def wait(self) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-
 class RunStore:
     """A run on a store, staged in `local`; push() uploads a checkpoint in the background."""
 
@@ -122,6 +68,7 @@ class RunStore:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **options)
         self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
         self._pending: Future | None = None
+        self.lock: RunLock | None = None  # taken by pull(), on the staging folder
 
     def name(self, path: Path) -> str:
         """A staged file's name on the store, for the records: the staging folder is this machine's."""
@@ -143,6 +90,9 @@ class RunStore:
         a new run), after deleting what a cut-off upload left in the store."""
         folder = self.local / "checkpoints"
         folder.mkdir(parents=True, exist_ok=True)
+        # Before anything here changes: another start of this URL on this machine would delete
+        # the checkpoint a running one has written and not yet uploaded. RunLog holds it on.
+        self.lock = RunLock(self.local, name=f"{self.url} (staged in {self.local})")
         with self.reaching("read"):
             self.fs.invalidate_cache()
             manifests = self.manifests()
@@ -154,17 +104,16 @@ class RunStore:
         kept, problems = {}, []
         for _, manifest in reversed(manifests):
             try:
-                files = manifest["files"].items()
-                kept = {name: self.download(entry, folder / name) for name, entry in files}
+                for path, entry in manifest["files"].items():
+                    self.download(entry, folder / path)
+                kept = manifest["files"]
                 break
             except StoreError as error:
                 problems.append(str(error))
                 print(f"warning: {error}; trying the previous checkpoint", file=sys.stderr)
         if problems and not kept:
             raise StoreError(f"no usable checkpoint in {self.url}: {'; '.join(problems)}")
-        for path in folder.iterdir():  # what this machine wrote past the store's checkpoint
-            if path.name not in kept:
-                path.unlink()
+        _prune(folder, kept.keys())  # what this machine wrote past the store's checkpoint
         for name in RECORDS:
             (self.local / name).unlink(missing_ok=True)
             if kept:
@@ -180,10 +129,16 @@ class RunStore:
         steps = sorted((int(m.group(1)), p) for p in paths if (m := MANIFEST.fullmatch(p.rsplit("/", 1)[-1])))
         return [(step, json.loads(self.fs.cat_file(path))) for step, path in steps]
 
-    def download(self, entry: dict, target: Path) -> Path:
+    def download_all(self, files: dict, folder: Path) -> None:
+        """A manifest's `files` into `folder`, by their paths, and nothing else left there."""
+        for path, entry in files.items():
+            self.download(entry, folder / path)
+        _prune(folder, files.keys())
+
+    def download(self, entry: dict, target: Path) -> None:
         """The stored file of a manifest's `entry` as `target`, unless it is there already."""
         if target.is_file() and file_digest(target) == entry["sha256"]:
-            return target
+            return
         target.parent.mkdir(parents=True, exist_ok=True)
         tmp = target.with_name(f".{target.name}.download")
         with self.reaching("read"):
@@ -192,34 +147,37 @@ class RunStore:
             tmp.unlink()
             raise StoreError(f"{self.url}/checkpoints/{entry['stored']} is damaged (not its digest)")
         os.replace(tmp, target)
-        return target
 
     def push(self, step: int) -> None:
         """Uploads the checkpoint of `step`, just written, and the records in the background. The
-        files are hard-linked aside first: the loop may replace best.pt or delete the step meanwhile."""
+        files are hard-linked aside first: the loop may replace best or delete the step meanwhile."""
         self.wait()  # one upload at a time
         aside = self.local / ".upload"
         shutil.rmtree(aside, ignore_errors=True)
-        aside.mkdir()
-        names = [name for name in (step_name(step), BEST) if (self.local / "checkpoints" / name).exists()]
-        for name in names:
+        checkpoints = self.local / "checkpoints"
+        paths = [path for name in (step_name(step), BEST) for path in _files(checkpoints, name)]
+        for path in paths:
+            (aside / path).parent.mkdir(parents=True, exist_ok=True)
             try:
-                os.link(self.local / "checkpoints" / name, aside / name)
+                os.link(checkpoints / path, aside / path)
             except OSError:  # a file system without hard links
-                shutil.copyfile(self.local / "checkpoints" / name, aside / name)
+                shutil.copyfile(checkpoints / path, aside / path)
         records = {name: (self.local / name).read_bytes() for name in RECORDS}
-        self._pending = self._uploads.submit(self._upload, step, aside, names, records)
+        self._pending = self._uploads.submit(self._upload, step, aside, paths, records)
 
-    def _upload(self, step: int, aside: Path, names: list[str], records: dict[str, bytes]) -> None:
+    def _upload(self, step: int, aside: Path, paths: list[str], records: dict[str, bytes]) -> None:
         with self.reaching("upload to"):
             files = {}
-            for name in names:
-                digest = file_digest(aside / name)
-                stored = f"best-{digest[:16]}.pt" if name == BEST else name  # best.pt is replaced
-                target = f"{self.root}/checkpoints/{stored}"
-                if name != BEST or not self.fs.exists(target):
-                    self.fs.put_file(str(aside / name), target)
-                files[name] = {"stored": stored, "size": (aside / name).stat().st_size, "sha256": digest}
+            for path in paths:
+                files[path] = {"size": (aside / path).stat().st_size, "sha256": file_digest(aside / path)}
+            best = {path: entry["sha256"] for path, entry in files.items() if top(path) == BEST}
+            contents = hashlib.sha256(json.dumps(best, sort_keys=True).encode()).hexdigest()[:16]
+            for path, entry in files.items():
+                is_best = path in best
+                entry["stored"] = f"best-{contents}{path.removeprefix('best')}" if is_best else path
+                target = f"{self.root}/checkpoints/{entry['stored']}"
+                if not is_best or not self.fs.exists(target):  # an unchanged best is there already
+                    self.fs.put_file(str(aside / path), target)
             for name, data in records.items():  # before the manifest, so they reach its step
                 self.fs.pipe_file(f"{self.root}/{name}", data)
             manifest = json.dumps({"step": step, "files": files}, indent=2).encode()
@@ -231,13 +189,15 @@ class RunStore:
         shutil.rmtree(aside, ignore_errors=True)
 
     def _remove_unlisted(self, manifests: list[tuple[int, dict]]) -> None:
-        """Deletes the stored checkpoint files no complete checkpoint lists: a cut-off upload's."""
-        listed = {entry["stored"] for _, manifest in manifests for entry in manifest["files"].values()}
+        """Deletes the stored checkpoints no complete checkpoint lists: a cut-off upload's. Each
+        stored name (a step's, best's contents') is one checkpoint's: what a manifest does not list
+        lies under a name it does not list."""
+        listed = {top(entry["stored"]) for _, manifest in manifests for entry in manifest["files"].values()}
         listed |= {f"step-{step:08d}.json" for step, _ in manifests}
         with contextlib.suppress(FileNotFoundError):
             for path in self.fs.ls(f"{self.root}/checkpoints", detail=False):
-                if path.rsplit("/", 1)[-1] not in listed:
-                    self.fs.rm_file(path)
+                if path.rstrip("/").rsplit("/", 1)[-1] not in listed:
+                    self.fs.rm(path, recursive=True)
 
     def wait(self) -> None:
         """Until the upload in flight is done; its failure raised here."""
@@ -257,7 +217,30 @@ class RunStore:
             self._uploads.shutdown()
 
 
-def _fresh(path: Path) -> Path:
+def top(path: str) -> str:
+    """The checkpoint a file's path belongs to: its first part (`step-00000010.pt`, `best`)."""
+    return path.split("/", 1)[0]
+
+
+def _files(folder: Path, name: str) -> list[str]:
+    """The paths in `folder` of checkpoint `name`'s files: itself, or those in it; none if absent."""
+    if (folder / name).is_file():
+        return [name]
+    found = (folder / name).rglob("*")
+    return sorted(path.relative_to(folder).as_posix() for path in found if path.is_file())
+
+
+def _prune(folder: Path, keep) -> None:
+    """Deletes what `folder` holds beyond the files `keep` names by their paths in it."""
+    for path in sorted(folder.rglob("*"), reverse=True):  # a folder's contents before the folder
+        if path.is_dir():
+            if not any(path.iterdir()):
+                path.rmdir()
+        elif path.relative_to(folder).as_posix() not in keep:
+            path.unlink()
+
+
+def fresh(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.unlink(missing_ok=True)
     return path
