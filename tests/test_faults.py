@@ -32,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+import warm_python
 from conftest import snapshot
 from test_project import _command, _env, records, render
 
@@ -56,6 +57,8 @@ def run(project: Path, *args, fault: dict | None = None, limit_memory: bool = Fa
     def small_address_space():  # a label that asks for a huge model fails, not the machine
         resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
 
+    if fault is None and not limit_memory:  # forked from a warm interpreter (tests/warm_python.py)
+        return warm_python.run(_command(project, args), cwd=project, env=env, timeout=600)
     return subprocess.run(
         _command(project, args),
         cwd=project,

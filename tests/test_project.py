@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import warm_python
 from conftest import check_passed_line, checks_passed
 
 from scaffold.render import new_project
@@ -45,6 +46,8 @@ def render(dest: Path, **answers) -> Path:
 
 
 def run(project: Path, *args: str, **kwargs) -> subprocess.CompletedProcess[str]:
+    if not kwargs:  # forked from a warm interpreter (tests/warm_python.py)
+        return warm_python.run(_command(project, args), cwd=project, env=_env(project), timeout=600)
     return subprocess.run(
         _command(project, args),
         cwd=project,
