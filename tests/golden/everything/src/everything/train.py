@@ -319,7 +319,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
                 cfg, engine, splits, device, group, state, batches, val_loader, eval_every, run,
                 checkpoints, signals, progress, say, waits,
             )  # fmt: skip
-            summary["best_checkpoint"] = str(checkpoints.path / "best")
+            summary["best_checkpoint"] = store.name(checkpoints.path / "best")
             run.finish(summary)
         finally:
             progress.close()
@@ -330,6 +330,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
             close(val_loader)
             del batches, train_loader, val_loader
     if summary["stopped_by"] and not quiet:
+        saved = saved and store.name(saved)  # a URL's, not the staging folder's
         print(
             f"stopped at step {state.step} by {summary['stopped_by']}; checkpoint {saved};"
             " run the same command to resume",

@@ -80,7 +80,8 @@ class RunLock:
                 holder = self.file.read().strip() or "another process"
                 self.file.close()
                 raise RunFolderBusy(
-                    f"{name or run_dir} is in use by {holder}: wait for it to end, or train into another --run-dir"
+                    f"{name or run_dir} is in use by {holder}:"
+                    " wait for it to end, or train into another --run-dir"
                 ) from None
             if self.path.exists() and os.path.samestat(os.fstat(self.file.fileno()), self.path.stat()):
                 break
