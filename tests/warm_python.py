@@ -129,33 +129,9 @@ def _start(request: dict) -> int:
         os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         for name in ("stdout", "stderr")
     ]
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into the server
-        code = 1
-        try:
-            os.setsid()  # its own session, as the tests' fresh processes: a timeout stops them all
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.dup2(outputs[0], 1)
-            os.dup2(outputs[1], 2)
-            sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
-            sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
-            sys.stderr = sys.__stderr__ = open(  # noqa: SIM115
-                2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False
-            )
-            project = Path(request["project"])
-            code = fork._run_module(project, request["package"], request["args"], request["env"])
-        except BaseException:
-            with contextlib.suppress(BaseException):
-                import traceback
-
-                traceback.print_exc()
-        finally:
-            with contextlib.suppress(BaseException):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
+    project = Path(request["project"])
+    run = (project, request["package"], request["args"], request["env"])
+    pid = fork.start_child(*outputs, lambda: fork._run_module(*run))
     for fd in outputs:
         os.close(fd)
     return pid

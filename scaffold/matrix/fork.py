@@ -21,6 +21,7 @@ import sys
 import time
 import traceback
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -143,32 +144,7 @@ def run_check_forked(
     MASTER_PORT) and, as torchrun does, stops the others when one fails."""
     package, args = command[command.index("-m") + 1], command[command.index("-m") + 2 :]
     output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the child: never returns into the worker
-        code = 1
-        try:
-            os.setsid()
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.dup2(output, 1)
-            os.dup2(output, 2)
-            # The standard streams of an interpreter started with these descriptors.
-            sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
-            sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
-            sys.stderr = sys.__stderr__ = open(  # noqa: SIM115
-                2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False
-            )
-            code = _launch(project, package, args, env, ranks)
-        except BaseException:
-            with contextlib.suppress(BaseException):
-                traceback.print_exc()
-        finally:
-            with contextlib.suppress(BaseException):
-                sys.stdout.flush()
-                sys.stderr.flush()
-            os._exit(code)
+    pid = start_child(output, output, lambda: _launch(project, package, args, env, ranks))
     os.close(output)
     status = _wait(pid, timeout)
     if status is None:
@@ -178,6 +154,38 @@ def run_check_forked(
         return -1, f"timed out after {timeout:.0f} s\n{_read(log)}"
     returncode = os.waitstatus_to_exitcode(status)
     return returncode, f"exit status {returncode}\n{_read(log)}"
+
+
+def start_child(stdout: int, stderr: int, main: Callable[[], int]) -> int:
+    """Forks a child that runs `main` in its own session, with its output to these descriptors
+    (stdin empty) and the standard streams of an interpreter started with them, then exits with
+    `main`'s status (1 after printing a traceback); the child's pid."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into the worker
+        code = 1
+        try:
+            os.setsid()
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.dup2(stdout, 1)
+            os.dup2(stderr, 2)
+            sys.stdin = sys.__stdin__ = open(0, encoding="utf-8", closefd=False)  # noqa: SIM115
+            sys.stdout = sys.__stdout__ = open(1, "w", encoding="utf-8", closefd=False)  # noqa: SIM115
+            sys.stderr = sys.__stderr__ = open(  # noqa: SIM115
+                2, "w", encoding="utf-8", errors="backslashreplace", buffering=1, closefd=False
+            )
+            code = main()
+        except BaseException:
+            with contextlib.suppress(BaseException):
+                traceback.print_exc()
+        finally:
+            with contextlib.suppress(BaseException):
+                sys.stdout.flush()
+                sys.stderr.flush()
+            os._exit(code)
+    return pid
 
 
 def _wait(pid: int, timeout: float | None) -> int | None:
