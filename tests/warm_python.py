@@ -20,10 +20,8 @@ sitecustomize on PYTHONPATH), limits memory or passes interpreter options starts
 from __future__ import annotations
 
 import atexit
-import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -108,15 +106,7 @@ def _serve() -> None:
     fork.start_worker(threads=os.cpu_count() or 1, preload=True)
     for line in sys.stdin:
         request = json.loads(line)
-        pid = _start(request)
-        status = fork._wait(pid, request["timeout"])
-        if status is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            returncode = None
-        else:
-            returncode = os.waitstatus_to_exitcode(status)
+        returncode = fork.wait_child(_start(request), request["timeout"])
         replies.write(json.dumps({"returncode": returncode}) + "\n")
         replies.flush()
 

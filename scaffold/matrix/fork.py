@@ -146,13 +146,9 @@ def run_check_forked(
     output = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_TRUNC, 0o644)
     pid = start_child(output, output, lambda: _launch(project, package, args, env, ranks))
     os.close(output)
-    status = _wait(pid, timeout)
-    if status is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
+    returncode = wait_child(pid, timeout)
+    if returncode is None:
         return -1, f"timed out after {timeout:.0f} s\n{_read(log)}"
-    returncode = os.waitstatus_to_exitcode(status)
     return returncode, f"exit status {returncode}\n{_read(log)}"
 
 
@@ -186,6 +182,18 @@ def start_child(stdout: int, stderr: int, main: Callable[[], int]) -> int:
                 sys.stderr.flush()
             os._exit(code)
     return pid
+
+
+def wait_child(pid: int, timeout: float | None) -> int | None:
+    """A child from start_child: its exit status (negative for a signal), or None once it ran past
+    `timeout` seconds and its whole session was killed."""
+    status = _wait(pid, timeout)
+    if status is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        return None
+    return os.waitstatus_to_exitcode(status)
 
 
 def _wait(pid: int, timeout: float | None) -> int | None:
