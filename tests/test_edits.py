@@ -237,10 +237,11 @@ def test_a_changed_loss_changes_validation_and_needs_its_overfit_floor(tmp_path)
         import torch, torch.nn.functional as F
         from smooth.config import Config
         from smooth.data import load_splits
-        from smooth.runtime.engine import Engine, evaluate, setup
+        from smooth.runtime.engine import Engine, setup
         from smooth.runtime.loader import build_loaders
+        from smooth.train import evaluate
         cfg = Config(device="cpu")
-        device = setup(cfg)
+        device, _ = setup(cfg)
         splits = load_splits(cfg)
         engine = Engine(cfg, splits, device)
         engine.model.head.weight.data *= 30  # confident logits: smoothing then changes the loss

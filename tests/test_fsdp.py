@@ -134,7 +134,7 @@ from {package}.data import load_splits
 from {package}.runtime.engine import Engine, setup
 
 cfg = Config(max_train_examples=1024, batch_size=16, dropout=0.0, num_workers=0)
-device = setup(cfg)
+device, _ = setup(cfg)
 engine = Engine(cfg, load_splits(cfg), device)
 rank = dist.get_rank()
 checkpoints = CheckpointDir(Path(sys.argv[1]), keep_last=3, main=rank == 0)

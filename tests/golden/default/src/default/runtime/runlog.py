@@ -69,10 +69,11 @@ class RunLog:
             self.abandon()
             raise
 
-    def resume(self, record: dict, step: int, path: Path, checkpoint: dict) -> None:
-        """Keeps the records up to `step` (the checkpoint at `path`) and notes the restart in
-        run.json; a damaged run.json is rebuilt from `record` (this command's), with a warning.
+    def resume(self, record: dict, path: Path, checkpoint: dict) -> None:
+        """Keeps the records up to the step of `checkpoint` (read from `path`) and notes the restart
+        in run.json; a damaged run.json is rebuilt from `record` (this command's), with a warning.
         """
+        step = checkpoint["state"]["step"]
         self._keep_metrics(step)
         try:
             self.record = read_record(self.dir)
@@ -161,29 +162,6 @@ class RunLog:
             self._metrics = self.metrics_path.open(mode, encoding="utf-8")
         except OSError as error:
             raise RunDirError(f"cannot write {self.metrics_path}: {error.strerror}") from None
-
-
-class SilentRunLog:
-    """The run log of the other ranks of a multi-process run: rank 0 alone writes run.json, metrics
-    and trackers."""
-
-    def start(self, *args) -> None:
-        pass
-
-    def resume(self, *args) -> None:
-        pass
-
-    def log(self, **record) -> None:
-        pass
-
-    def checkpointed(self, step: int) -> None:
-        pass
-
-    def finish(self, summary: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
 
 
 def run_record(cfg: Config, data: dict, precision: str) -> dict:

@@ -1,11 +1,25 @@
-"""Machinery: where a run is (what a checkpoint saves of the loop), and the stream of training
-batches that keeps that position current."""
+"""Machinery: where a run is (what a checkpoint saves of the loop), what the loop's functions
+share, when it validates, and the stream of training batches that keeps its position current."""
+
+from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
+from ..config import EVAL_EVERY_MAX, EVAL_EVERY_MIN, Config
 from .loader import EpochBatches, epoch_batches
+
+if TYPE_CHECKING:  # types only: each of these modules imports the loop's own
+    import torch
+
+    from ..data import Splits
+    from .checkpoint import CheckpointDir
+    from .distributed import Dist
+    from .engine import Engine
+    from .runlog import RunLog
 
 
 @dataclass
@@ -25,6 +39,61 @@ class TrainState:
         self.batch_in_epoch = self.batch_in_epoch * saved_world // world_size
 
 
+@dataclass
+class Waits:
+    """Seconds the loop spent waiting for its next batch, and in its training steps in all."""
+
+    data: float = 0.0
+    steps: float = 0.0
+
+    def share(self) -> float:
+        return self.data / self.steps if self.steps > 0 else math.nan
+
+
+@dataclass
+class Loop:
+    """What the loop's functions share: the training objects, where the run is, where it reports."""
+
+    cfg: Config
+    engine: Engine
+    splits: Splits
+    device: torch.device
+    group: Dist
+    run: RunLog
+    checkpoints: CheckpointDir
+    say: Callable[[str], None]  # a line for the console; nothing on the ranks that stay quiet
+    state: TrainState = field(default_factory=TrainState)  # set by resume.restore_run
+    waits: Waits = field(default_factory=Waits)
+
+    def examples_per_step(self) -> int:
+        return self.cfg.grad_accum_steps * self.cfg.batch_size * self.group.world_size
+
+
+def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
+    """Steps between validations, and one line saying what was chosen and why.
+
+    On a small data set an epoch is a few steps and the model can overfit long before a fixed
+    eval_every comes round: with --eval-every 0 it validates every epoch (at most EVAL_EVERY_MAX
+    steps apart), so early stopping and best.pt see the best point. Yet at least
+    EVAL_EVERY_MIN steps apart: a 333-row table's epoch is one step, and validating every step
+    would spend --patience on a few steps' noise and print a line a step. The schedule depends
+    only on the data's size and settings fixed on resume, so a resumed run validates where the
+    uninterrupted one did.
+    """
+    steps_per_epoch = max(1, sampler.batches_per_epoch() // cfg.grad_accum_steps)
+    size = f"{sampler.n_examples:,} training examples make {steps_per_epoch:,} steps an epoch"
+    if cfg.eval_every:
+        every, why = cfg.eval_every, "as --eval-every asks"
+    elif steps_per_epoch < EVAL_EVERY_MIN:
+        every, why = EVAL_EVERY_MIN, f"at least {EVAL_EVERY_MIN} steps apart, as epochs are short"
+    elif steps_per_epoch <= EVAL_EVERY_MAX:
+        every, why = steps_per_epoch, "once an epoch"
+    else:
+        every, why = EVAL_EVERY_MAX, f"every {EVAL_EVERY_MAX} steps, as epochs are long"
+    stop = f"early stop after {cfg.patience} without improvement" if cfg.patience else "no early stop"
+    return every, f"plan: {size}: validating every {every} steps ({why}), {stop}, best.pt kept"
+
+
 def micro_batches(loader, sampler: EpochBatches, state: TrainState):
     """Training batches without end; keeps state.epoch and state.batch_in_epoch current."""
     while True:
@@ -36,14 +105,14 @@ def micro_batches(loader, sampler: EpochBatches, state: TrainState):
         state.batch_in_epoch = 0
 
 
-def waited(batches, waits: list[float]):
-    """Passes batches through, adding the seconds each took to arrive to waits[0]; closing it
+def waited(batches, waits: Waits):
+    """Passes batches through, adding the seconds each took to arrive to waits.data; closing it
     closes `batches` (and so ends the loader's workers)."""
     try:
         while True:
             start = time.perf_counter()
             batch = next(batches)
-            waits[0] += time.perf_counter() - start
+            waits.data += time.perf_counter() - start
             yield batch
     finally:
         batches.close()

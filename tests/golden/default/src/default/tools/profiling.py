@@ -22,9 +22,10 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..config import Config
 from ..data import load_splits
 from ..model import compute_loss
-from ..runtime.engine import PRECISION, Engine, setup, train_step
+from ..runtime.engine import PRECISION, Engine, setup
 from ..runtime.loader import build_loaders
 from ..runtime.state import TrainState, micro_batches
+from ..train import train_step
 from .timing import LOADER_WARN_SHARE, synchronize
 
 PHASES = ("data", "copy", "forward", "backward", "optimizer")
@@ -55,7 +56,7 @@ class PhaseTimer:
 
 def profile(cfg: Config, output: str) -> str:
     """Runs the three passes; the lines to print. Writes the trace under `output`."""
-    device = setup(cfg)
+    device, _ = setup(cfg)
     splits = load_splits(cfg)
     loader, _, sampler = build_loaders(splits, cfg, device)
     batches = micro_batches(loader, sampler, TrainState())

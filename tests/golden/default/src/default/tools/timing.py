@@ -9,9 +9,10 @@ import torch
 
 from ..config import Config
 from ..data import load_splits
-from ..runtime.engine import Engine, setup, train_step
+from ..runtime.engine import Engine, setup
 from ..runtime.loader import build_loaders, close
-from ..runtime.state import TrainState, micro_batches, waited
+from ..runtime.state import TrainState, Waits, micro_batches, waited
+from ..train import train_step
 
 LOADER_BATCHES = 200  # batches timed when iterating the loader alone
 WINDOW_STEPS = 30  # optimizer steps timed with compute alone and with real loading
@@ -31,7 +32,7 @@ class LoaderTiming:
 
 
 def time_loader(cfg: Config) -> LoaderTiming:
-    device = setup(cfg)
+    device, _ = setup(cfg)
     splits = load_splits(cfg)
     loader, _, sampler = build_loaders(splits, cfg, device)
     batches = micro_batches(loader, sampler, TrainState())
@@ -49,14 +50,14 @@ def time_loader(cfg: Config) -> LoaderTiming:
     fixed = itertools.cycle(on_device)
     _time_steps(step, fixed, device, 3)  # warm-up
     compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
-    waits = [0.0, 0.0]  # waited() adds each batch's wait to waits[0]
+    waits = Waits()  # waited() adds each batch's wait to waits.data
     window = _time_steps(step, waited(batches, waits), device, WINDOW_STEPS)
     return LoaderTiming(
         load_per_step=load_per_batch * cfg.grad_accum_steps,
         samples_per_s_alone=cfg.batch_size / load_per_batch,
         step=compute,
         samples_per_s=cfg.batch_size * cfg.grad_accum_steps / window,
-        wait_share=waits[0] / (window * WINDOW_STEPS),
+        wait_share=waits.data / (window * WINDOW_STEPS),
         by_workers=by_workers,
     )
 

@@ -1,8 +1,8 @@
-"""Machinery: the training objects, built in one place: the model and what the loop calls, the
-optimizer (optim.py), the gradient scaler; one optimizer step; one pass over the validation split.
+"""Machinery: the run's set-up (device, process group, seeds) and the training objects, built in
+one place: the model and what the loop calls, the optimizer (optim.py), the gradient scaler.
 
-`train` and every check build them as one `Engine`, so a check proves the code that trains. What
-differs with the number of processes is in distributed.py.
+`train` and every check build them as one `Engine` and step it with train.train_step, so a check
+proves the code that trains. What differs with the number of processes is in distributed.py.
 """
 
 import dataclasses
@@ -13,17 +13,17 @@ import numpy as np
 import torch
 
 from ..config import Config, ConfigError
-from ..model import Metrics, build_model, compute_loss
+from ..model import build_model
 from ..optim import build_optimizer, lr_factor
 from . import distributed
-from .progress import announced
 
 PRECISION = "fp16"
 AMP_DTYPE = torch.float16  # autocast dtype; losses stay in fp32
 
 
-def setup(cfg: Config) -> torch.device:
-    """The device, deterministic kernels if asked, and every global RNG seeded."""
+def setup(cfg: Config) -> tuple[torch.device, distributed.Dist]:
+    """The device and this process's place in the group, deterministic kernels if asked, and every
+    global RNG seeded."""
     device = torch.device(cfg.device)
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available[device.type]:
@@ -33,11 +33,12 @@ def setup(cfg: Config) -> torch.device:
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
         torch.use_deterministic_algorithms(True)
         torch.set_num_threads(1)  # CPU reductions then add in one fixed order
-    seed = cfg.seed + distributed.init_distributed(device.type).rank  # each rank its own dropout masks
+    group = distributed.init_distributed(device.type)
+    seed = cfg.seed + group.rank  # each rank its own dropout masks
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-    return device
+    return device, group
 
 
 class Engine:
@@ -72,58 +73,3 @@ class Engine:
         distributed.load_model_state(self.model, self.optimizer, state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
-
-
-def _unmarked(phase: str) -> None:
-    """train_step's `mark` in training: nothing is timed inside a step."""
-
-
-def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=_unmarked):
-    """One optimizer step over cfg.grad_accum_steps micro-batches.
-
-    Returns the mean loss and the gradient norm as tensors: reading them (.item()) waits for the
-    device, so the loop does that only on logging steps. `mark(phase)` is called as each phase
-    begins (data, copy, forward, backward, optimizer) and with "done" at the end: `profile`
-    times the phases with it.
-    """
-    losses = []  # each micro-batch's share of the step's mean loss
-    for i in range(cfg.grad_accum_steps):
-        mark("data")
-        x, y = next(batches)
-        mark("copy")
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        mark("forward")
-        with distributed.gradient_sync(engine.forward, last=i == cfg.grad_accum_steps - 1):
-            with torch.autocast(device.type, dtype=AMP_DTYPE):
-                output = engine.forward(x)
-            loss = compute_loss(output, y)
-            if cfg.grad_accum_steps > 1:  # one more operation forward and backward: not for one
-                loss = loss / cfg.grad_accum_steps
-            mark("backward")
-            engine.scaler.scale(loss).backward()
-        losses.append(loss.detach())
-    mark("optimizer")
-    engine.scaler.unscale_(engine.optimizer)  # clip the true gradients, not the scaled ones
-    grad_norm = distributed.clip_grad_norm(engine.params, cfg.grad_clip)
-    engine.scaler.step(engine.optimizer)  # skipped when the gradients overflowed; the scale then shrinks
-    engine.scaler.update()
-    engine.optimizer.zero_grad(set_to_none=True)
-    mark("done")
-    return sum(losses[1:], start=losses[0]), grad_norm  # sum(losses) would add a 0 first
-
-
-@torch.no_grad()
-def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, float]:
-    """The validation loss (compute_loss, averaged over examples) and the task's metrics."""
-    engine.model.eval()
-    metrics = Metrics(splits, device)
-    batches = announced(loader, "validating") if distributed.is_main_process() else loader
-    for x, y in batches:
-        x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=AMP_DTYPE):
-            output = engine.forward(x)
-        metrics.update(output, y, compute_loss(output, y))
-    engine.model.train()
-    distributed.all_reduce_sum(metrics.sums)  # each rank evaluated its share of the batches
-    distributed.all_reduce_sum(metrics.count)
-    return metrics.compute()

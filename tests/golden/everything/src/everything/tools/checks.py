@@ -29,12 +29,13 @@ from ..config import Config, ConfigError
 from ..data import DataError, load_splits
 from ..model import compute_loss, initial_loss, overfit_target
 from ..runtime.distributed import all_reduce_sum, any_rank_max, init_distributed, run_as_processes
-from ..runtime.engine import Engine, setup, train_step
+from ..runtime.engine import Engine, setup
 from ..runtime.loader import EpochDataset
 from ..runtime.records import commit_label
 from ..runtime.runlog import PROJECT, git_state, make_folders, now_utc, source_digest, write_json_atomically
 from ..runtime.stopping import RunFolderBusy, RunLock
 from ..runtime.store import staging_dir
+from ..train import train_step
 from .resume_check import resume_matches
 from .timing import LOADER_WARN_SHARE, time_loader
 
@@ -79,7 +80,7 @@ def first_batches(splits, device: torch.device, size: int, count: int = 1) -> li
 
 def check_overfit(cfg: Config) -> CheckResult:
     """A model that cannot memorise 8 examples has a bug: its loss must fall to model.overfit_target."""
-    device = setup(cfg)
+    device, group = setup(cfg)
     splits = load_splits(cfg)
     cfg = replace(cfg, warmup_steps=min(cfg.warmup_steps, OVERFIT_WARMUP))
     engine = Engine(cfg, splits, device)
@@ -98,11 +99,10 @@ def check_overfit(cfg: Config) -> CheckResult:
     first = target = None
     for step in range(1, OVERFIT_MAX_STEPS + 1):
         train_step(engine, _repeat((x, y)), cfg, device)
-        engine.scheduler.step()
         with torch.no_grad():  # memorised means so without dropout, as the model predicts
             loss = compute_loss(engine.model.eval()(x), y)
         engine.model.train()
-        loss = (all_reduce_sum(loss) / init_distributed(device.type).world_size).item()  # stop together
+        loss = (all_reduce_sum(loss) / group.world_size).item()  # stop together
         if not math.isfinite(loss):
             return CheckResult("overfit", False, f"loss became {loss} at step {step}: lower --lr", loss)
         if first is None:
@@ -119,7 +119,7 @@ def check_batch_independence(cfg: Config) -> CheckResult:
     """Example i's loss must not depend on example j's input: a reshape or a reduction over the
     wrong dimension mixes examples, and still trains. Tested with the model in eval mode, so the
     batch statistics of BatchNorm (a dependence by design) are not counted."""
-    device = setup(cfg)
+    device, _ = setup(cfg)
     splits = load_splits(cfg)
     model = Engine(cfg, splits, device).model.eval()
     batches = first_batches(splits, device, BATCH_CHECK_EXAMPLES, count=2)
@@ -179,7 +179,7 @@ def padding_leak(model: torch.nn.Module, dataset, device: torch.device) -> str |
 def check_initial_loss(cfg: Config) -> CheckResult:
     """Before training the loss has a known value (model.initial_loss): ln C for C classes, say.
     A wrong output layer, a missing log-softmax or targets on the wrong scale show here first."""
-    device = setup(cfg)
+    device, _ = setup(cfg)
     splits = load_splits(cfg)
     model = Engine(cfg, splits, device).model.eval()
     with torch.no_grad():

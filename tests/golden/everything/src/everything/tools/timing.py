@@ -10,9 +10,10 @@ import torch
 
 from ..config import Config
 from ..data import load_splits
-from ..runtime.engine import Engine, setup, train_step
+from ..runtime.engine import Engine, setup
 from ..runtime.loader import build_loaders, close
-from ..runtime.state import TrainState, micro_batches, waited
+from ..runtime.state import TrainState, Waits, micro_batches, waited
+from ..train import train_step
 
 LOADER_BATCHES = 200  # batches timed when iterating the loader alone
 WINDOW_STEPS = 30  # optimizer steps timed with compute alone and with real loading
@@ -33,7 +34,7 @@ class LoaderTiming:
 
 
 def time_loader(cfg: Config) -> LoaderTiming:
-    device = setup(cfg)
+    device, _ = setup(cfg)
     splits = load_splits(cfg)
     loader, _, sampler = build_loaders(splits, cfg, device)
     batches = micro_batches(loader, sampler, TrainState())
@@ -51,7 +52,7 @@ def time_loader(cfg: Config) -> LoaderTiming:
     fixed = itertools.cycle(on_device)
     _time_steps(step, fixed, device, 3)  # warm-up (and compilation)
     compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
-    waits = [0.0, 0.0]  # waited() adds each batch's wait to waits[0]
+    waits = Waits()  # waited() adds each batch's wait to waits.data
     with UtilizationSampler(device) as gpu:
         window = _time_steps(step, waited(batches, waits), device, WINDOW_STEPS)
     return LoaderTiming(
@@ -59,7 +60,7 @@ def time_loader(cfg: Config) -> LoaderTiming:
         samples_per_s_alone=cfg.batch_size / load_per_batch,
         step=compute,
         samples_per_s=cfg.batch_size * cfg.grad_accum_steps / window,
-        wait_share=waits[0] / (window * WINDOW_STEPS),
+        wait_share=waits.data / (window * WINDOW_STEPS),
         by_workers=by_workers,
         gpu_util=gpu.mean,
     )

@@ -19,9 +19,10 @@ import torch
 
 from ..config import Config
 from ..data import load_splits
-from ..runtime.engine import Engine, setup, train_step
+from ..runtime.engine import Engine, setup
 from ..runtime.loader import EpochDataset, build_loaders
 from ..runtime.state import TrainState, micro_batches
+from ..train import train_step
 from .timing import synchronize
 
 LR_START = 1e-7  # far below any useful rate: the curve starts flat
@@ -39,7 +40,7 @@ TIMED_STEPS = 3  # steps timed at each batch size, after one untimed
 
 def lr_range(cfg: Config, steps: int = RANGE_STEPS) -> list[tuple[float, float]]:
     """(learning rate, smoothed loss) for each step of the sweep, until the loss diverges."""
-    device = setup(cfg)
+    device, _ = setup(cfg)
     splits = load_splits(cfg)
     engine = Engine(cfg, splits, device)
     loader, _, sampler = build_loaders(splits, cfg, device)
@@ -136,7 +137,7 @@ def accumulation_for(global_batch: int, micro_batch: int, world_size: int = 1) -
 
 def find_batch_size(cfg: Config, global_batch: int | None = None, target: float = MEMORY_TARGET) -> str:
     """Runs the search for cfg.device and says which --batch-size (and lr, accumulation) to use."""
-    device = setup(cfg)
+    device, _ = setup(cfg)
     splits = load_splits(cfg)
     engine = Engine(cfg, splits, device)
     examples = EpochDataset(splits.train)

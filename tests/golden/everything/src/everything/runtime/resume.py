@@ -1,0 +1,129 @@
+"""Machinery: what a run folder's past decides: a fresh start or the newest valid checkpoint
+restored, the settings a resume may not change, the decay's horizon when --max-steps moved, and
+what a checkpoint holds."""
+
+import math
+from dataclasses import asdict
+from pathlib import Path
+
+from ..config import RESUME_FIXED, Config, ConfigError
+from ..data import Splits
+from .checkpoint import restore
+from .distributed import all_gather, broadcast_buffers, resharding
+from .engine import PRECISION
+from .records import RunRecordError, read_metrics, read_record
+from .rng import rng_state
+from .runlog import run_record
+from .state import Loop, TrainState
+
+
+def restore_run(loop: Loop) -> dict | None:
+    """Sets loop.state to a fresh run's, or to the newest valid checkpoint's restored into
+    loop.engine; returns this rank's saved RNG streams (None for a fresh run, or a rank a reshard
+    adds), for the caller to restore last."""
+    cfg, group, say = loop.cfg, loop.group, loop.say
+    latest = loop.checkpoints.load_latest()
+    record = run_record(cfg, loop.splits.describe(), PRECISION)  # run.json, unless resuming
+    if latest is None:
+        loop.run.start(record)
+        loop.state = TrainState(schedule_steps=cfg.max_steps)
+        return None
+    path, checkpoint = latest
+    saved_world = len(checkpoint["rng"])
+    note = resharding(saved_world, group.world_size, cfg)
+    check_resumable(checkpoint, cfg, loop.splits)
+    state = loop.state = TrainState(**checkpoint["state"])
+    planned = state.schedule_steps or checkpoint["config"]["max_steps"]
+    state.schedule_steps = schedule_horizon(cfg, state.step, planned)
+    if note:
+        state.reshard(saved_world, group.world_size)
+        say(f"warning: {note}")
+    restore(loop.engine, path, checkpoint)
+    if cfg.max_steps != planned:  # raised: min_lr past the planned horizon; lowered: re-planned
+        loop.engine.set_schedule(cfg, state.schedule_steps, state.step)
+    if state.step < cfg.max_steps:
+        loop.run.resume(record, path, checkpoint)
+        say(f"resuming from {path} at step {state.step}")
+    if state.schedule_steps < planned:
+        say(
+            f"schedule: --max-steps {cfg.max_steps} re-plans the cosine decay to end there,"
+            f" not at step {planned}"
+        )
+    elif cfg.max_steps > planned:
+        say(
+            f"schedule: the cosine decay keeps its plan of {planned} steps; steps past it train at"
+            f" --min-lr {cfg.min_lr:g} (a longer decay wants a new --run-dir)"
+        )
+    return checkpoint["rng"][group.rank] if group.rank < saved_world else None
+
+
+def payload(loop: Loop) -> dict:
+    """What a checkpoint holds: the engine's state, the loop's position, every rank's RNG streams."""
+    broadcast_buffers(loop.engine.model)  # one copy of the buffers is saved: rank 0's, on every rank
+    return {
+        **loop.engine.state_dict(),
+        "state": asdict(loop.state),
+        "rng": all_gather(rng_state()),  # every rank's streams, restored rank by rank
+        "config": asdict(loop.cfg),
+        "data": loop.splits.describe(),
+        "tracker": loop.run.tracker_state(),  # resumes the same tracker run
+    }
+
+
+def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
+    """Refuses a checkpoint of other settings: the run would not go on as it started."""
+    saved = checkpoint["config"]
+    changed = [
+        f"{k} {saved.get(k)!r} -> {getattr(cfg, k)!r}"
+        for k in RESUME_FIXED
+        if saved.get(k) != getattr(cfg, k)
+    ]
+    data = checkpoint["data"]  # a list or dict (an encoding) is too long to show
+    changed += [
+        f"data {k} " + ("changed" if isinstance(v, list | dict) else f"{data.get(k)!r} -> {v!r}")
+        for k, v in splits.describe().items()
+        if data.get(k) != v
+    ]
+    if changed:
+        raise ConfigError(
+            f"{cfg.run_dir} holds a run with other settings ({'; '.join(changed)}): "
+            "resume with its settings, or start a new --run-dir"
+        )
+
+
+def check_checkpoints_kept(run_dir: Path) -> None:
+    """Refuses a run folder whose checkpoints/ or step checkpoints were deleted: starting again at
+    step 0 would overwrite its records. A start makes checkpoints/ before it writes run.json, so a
+    run killed before its first checkpoint has the folder (empty) and starts again; a run whose
+    records go past its first checkpoint's step (or that finished) had one."""
+    if not (run_dir / "run.json").exists():
+        return
+    if not (run_dir / "checkpoints").exists():
+        raise ConfigError(
+            f"{run_dir / 'checkpoints'} is missing, so the run in {run_dir} cannot resume:"
+            " start over in a new --run-dir"
+        )
+    if any((run_dir / "checkpoints").glob("step-*")) or not (run_dir / "metrics.jsonl").exists():
+        return
+    try:
+        record = read_record(run_dir)
+    except RunRecordError:
+        return  # rebuilt on resume, with a warning
+    reached = max((r["step"] for r in read_metrics(run_dir) if r["split"] == "train"), default=0)
+    if record.get("finished") or reached > record["config"].get("ckpt_every", math.inf):
+        raise ConfigError(
+            f"{run_dir / 'checkpoints'} holds no step checkpoint, though the run in {run_dir} reached"
+            f" step {reached} and saved them: it cannot resume: start over in a new --run-dir"
+        )
+
+
+def schedule_horizon(cfg: Config, step: int, planned: int) -> int:
+    """The cosine decay's horizon for a run resumed at `step` that was planned for `planned` steps
+    (see config.fixed): a raised --max-steps keeps the plan, a lowered one re-plans it, and one
+    below `step` is refused."""
+    if cfg.max_steps < step:
+        raise ConfigError(
+            f"{cfg.run_dir} is at step {step} (of {planned} planned), past --max-steps {cfg.max_steps}:"
+            f" give --max-steps {step} or more, or start over in a new --run-dir"
+        )
+    return cfg.max_steps if step < cfg.max_steps < planned else planned
