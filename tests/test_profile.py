@@ -40,17 +40,16 @@ def _cfg(modules, **fields):
 
 def test_the_phase_timer_gives_each_phase_the_time_until_the_next_mark(proj):
     modules, _ = proj
-    timer = modules["profiling"].PhaseTimer(torch.device("cpu"))
-    for phase, pause in [("data", 0.02), ("forward", 0.05), ("optimizer", 0.01)]:
+    now = 100.0
+    timer = modules["profiling"].PhaseTimer(torch.device("cpu"), clock=lambda: now)
+    for phase, pause in [("data", 2.0), ("forward", 5.0), ("optimizer", 1.0), ("done", 50.0)]:
         timer(phase)
-        time.sleep(pause)
+        now += pause  # after "done": counted nowhere, until the next step's first mark
+    timer("data")
+    now += 3.0
     timer("done")
-    time.sleep(0.05)  # after "done": counted nowhere
-    seconds = timer.seconds
-    assert seconds["copy"] == seconds["backward"] == 0
-    assert 0.02 <= seconds["data"] < 0.035
-    assert 0.05 <= seconds["forward"] < 0.065
-    assert 0.01 <= seconds["optimizer"] < 0.025
+    expected = {"data": 5.0, "copy": 0.0, "forward": 5.0, "backward": 0.0, "optimizer": 1.0}
+    assert timer.seconds == expected
 
 
 def test_the_flop_count_is_the_models_matmuls_forward_and_backward(proj, monkeypatch):
