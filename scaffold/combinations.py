@@ -19,7 +19,8 @@ from scaffold import _compat
 from scaffold.errors import UsageError
 from scaffold.questions import Question, asked_questions, load_questions, template_dir
 
-# Integer questions have no choices to enumerate; DESIGN.md fixes the values the matrix takes.
+# Integer questions have no choices to enumerate: the matrix takes these values, for accumulation
+# off and on (README.md, "The combination matrix").
 INT_VALUES = {"grad_accum_steps": (1, 4)}
 
 

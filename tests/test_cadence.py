@@ -53,29 +53,25 @@ def test_a_long_validation_says_where_it_is_in_a_log_and_a_short_one_says_nothin
     (stderr not a terminal) a pass says where it is every `every` seconds, never at its end."""
     import importlib
     import sys
-    import time
 
     project = render(tmp_path / "passes")
     sys.path.insert(0, str(project / "src"))
     try:
         progress = importlib.import_module("passes.runtime.progress")
 
-        def slow(n):
-            for i in range(n):
-                time.sleep(0.03)
-                yield i
-
-        class Batches(list):
-            def __iter__(self):
-                return slow(len(self))
-
-        assert list(progress.announced(Batches(range(6)), "validating", every=0.05)) == list(
-            range(6)
-        )
+        # The clock as the caller ends its work on each of 8 batches: 30 s since the start at the
+        # 3rd and since that line at the 6th; 29.9 s at the 2nd and 5th, too soon; 35 s at the
+        # 8th, when the pass has ended.
+        ended = [10.0, 29.9, 30.0, 45.0, 59.9, 60.0, 70.0, 95.0]
+        now = 0.0
+        passes = progress.announced(list(range(8)), "validating", every=30.0, clock=lambda: now)
+        passed = []
+        for batch in passes:
+            passed.append(batch)
+            now = ended[batch]
+        assert passed == list(range(8))
         lines = capsys.readouterr().err.splitlines()
-        assert 2 <= len(lines) <= 5, lines
-        assert all(line.startswith("validating: ") and "/6 batches, " in line for line in lines)
-        assert not any(line.startswith("validating: 6/6") for line in lines)
+        assert lines == ["validating: 3/8 batches, 30 s", "validating: 6/8 batches, 60 s"]
 
         assert list(progress.announced(list(range(6)), "validating")) == list(range(6))
         assert capsys.readouterr().err == ""  # a short pass: nothing

@@ -15,8 +15,9 @@ import time
 import launchers
 import pytest
 import torch
-from test_ddp import SMALL, _env_ddp, _full_disk, _port, _torchrun, _workers
+from test_ddp import SMALL, _alive, _env_ddp, _full_disk, _port, _torchrun, _workers
 from test_project import _env, records, render
+from waiting import wait_until
 
 PACKAGE = "fsdp_demo"
 
@@ -211,23 +212,24 @@ def test_a_killed_run_resumes_bit_identical(project, two_process_run):
                         *SMALL, extra=("--nnodes", "1"))  # fmt: skip
     launcher = subprocess.Popen(command, cwd=project, env=_env_ddp(project), stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)  # fmt: skip
-    killed = False
+    workers = {}
     deadline = time.monotonic() + 300
     try:
         for line in launcher.stdout:
             if line.startswith("step 25/"):
-                for pid in _workers(launcher, PACKAGE).values():  # each in a session of its own
+                workers = _workers(launcher, PACKAGE)
+                for pid in workers.values():  # each in a session of its own
                     os.kill(pid, signal.SIGKILL)
                 launcher.kill()
-                killed = True
                 break
             assert time.monotonic() < deadline
     finally:
         if launcher.poll() is None:
             launcher.kill()
         launcher.wait()
-    assert killed
-    time.sleep(1)  # the killed workers' sockets close
+    assert workers
+    # Rank 0 holds the run folder's lock until the kernel has ended it: a resume before is refused.
+    assert wait_until(lambda: not any(_alive(pid) for pid in workers.values()), timeout=30)
     run_dir = project / "runs" / "killed"
     leftovers = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     resumed = _train(project, "runs/killed", 40, 16)

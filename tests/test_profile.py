@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_project import render, run
+from waiting import wait_until
 
 from scaffold.render import new_project
 
@@ -40,17 +41,16 @@ def _cfg(modules, **fields):
 
 def test_the_phase_timer_gives_each_phase_the_time_until_the_next_mark(proj):
     modules, _ = proj
-    timer = modules["profiling"].PhaseTimer(torch.device("cpu"))
-    for phase, pause in [("data", 0.02), ("forward", 0.05), ("optimizer", 0.01)]:
+    now = 100.0
+    timer = modules["profiling"].PhaseTimer(torch.device("cpu"), clock=lambda: now)
+    for phase, pause in [("data", 2.0), ("forward", 5.0), ("optimizer", 1.0), ("done", 50.0)]:
         timer(phase)
-        time.sleep(pause)
+        now += pause  # after "done": counted nowhere, until the next step's first mark
+    timer("data")
+    now += 3.0
     timer("done")
-    time.sleep(0.05)  # after "done": counted nowhere
-    seconds = timer.seconds
-    assert seconds["copy"] == seconds["backward"] == 0
-    assert 0.02 <= seconds["data"] < 0.035
-    assert 0.05 <= seconds["forward"] < 0.065
-    assert 0.01 <= seconds["optimizer"] < 0.025
+    expected = {"data": 5.0, "copy": 0.0, "forward": 5.0, "backward": 0.0, "optimizer": 1.0}
+    assert timer.seconds == expected
 
 
 def test_the_flop_count_is_the_models_matmuls_forward_and_backward(proj, monkeypatch):
@@ -208,8 +208,8 @@ def cuda_timing(tmp_path_factory):
 def test_the_gpu_utilisation_is_the_mean_of_samples_taken_during_the_window(cuda_timing):
     readings = iter([10, 30] * 1000)
     with cuda_timing.UtilizationSampler(torch.device("cuda"), read=lambda: next(readings)) as gpu:
-        time.sleep(0.3)  # the window: about six samples, and one more as it ends
-    assert len(gpu.samples) >= 4
+        assert wait_until(lambda: len(gpu.samples) >= 3, timeout=30)  # read while the window runs
+    assert len(gpu.samples) >= 4  # and once more as it ends
     assert gpu.mean == pytest.approx(sum(gpu.samples) / len(gpu.samples))
     assert 10 <= gpu.mean <= 30
 
@@ -219,10 +219,10 @@ def test_without_nvml_or_off_cuda_the_gpu_utilisation_is_unknown(cuda_timing):
         raise ModuleNotFoundError("pynvml")
 
     with cuda_timing.UtilizationSampler(torch.device("cuda"), read=no_nvml) as gpu:
-        time.sleep(0.1)
+        assert wait_until(lambda: not gpu.enabled, timeout=30)  # its first reading failed
     assert gpu.mean is None
     with cuda_timing.UtilizationSampler(torch.device("cpu")) as gpu:
-        time.sleep(0.1)
+        assert not gpu.enabled  # no thread started: nothing to wait for
     assert gpu.mean is None and not gpu.samples
 
 

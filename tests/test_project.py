@@ -1,5 +1,6 @@
-"""Generated projects behave as DESIGN.md promises: checks, exact resume after a kill, corrupt
-checkpoints, refused resumes, clear data errors and complete run records.
+"""Generated projects behave as their README promises (templates/project/README.md.jinja: "Work
+in this order", "Data", "The run folder", "Checkpoints"): checks, exact resume after a kill,
+corrupt checkpoints, refused resumes, clear data errors and complete run records.
 
 Each test renders a project and drives it as its user would, through `python -m <package>`.
 """

@@ -42,7 +42,7 @@ class Progress:
         self.bar.close()
 
 
-def announced(batches, what: str, every: float = PASS_LINE_EVERY_S):
+def announced(batches, what: str, every: float = PASS_LINE_EVERY_S, clock=time.perf_counter):
     """`batches`, passed through, saying where a long pass is: on a terminal a bar that appears
     after 2 s and goes when the pass ends; in a log a line on stderr every `every` seconds."""
     try:
@@ -52,10 +52,10 @@ def announced(batches, what: str, every: float = PASS_LINE_EVERY_S):
     if sys.stderr.isatty():
         yield from tqdm(batches, desc=what, unit="batch", leave=False, delay=2.0, dynamic_ncols=True)
         return
-    start = last = time.perf_counter()
+    start = last = clock()
     for done, batch in enumerate(batches, 1):
         yield batch  # the caller's work on it is timed too
-        now = time.perf_counter()
+        now = clock()
         if now - last >= every and done != total:
             print(f"{what}: {done}/{total} batches, {now - start:.0f} s", file=sys.stderr, flush=True)
             last = now

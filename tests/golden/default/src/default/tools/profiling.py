@@ -40,15 +40,16 @@ class PhaseTimer:
     the first one began, the device synchronised at each mark so that queued work is counted in
     the phase that queued it."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, clock=time.perf_counter) -> None:
         self.device = device
+        self.clock = clock
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.phase: str | None = None
         self.since = 0.0
 
     def __call__(self, phase: str) -> None:
         synchronize(self.device)
-        now = time.perf_counter()
+        now = self.clock()
         if self.phase is not None:
             self.seconds[self.phase] += now - self.since
         self.phase, self.since = (None if phase == "done" else phase), now
