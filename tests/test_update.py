@@ -340,24 +340,21 @@ def test_edit_of_a_moved_machinery_file_moves_with_it(scaffold, tmp_path, flat_p
     assert files_of(flat_project) == new_project_with(tmp_path, [*USER_FILE_EDITS, moved])
 
 
-def test_edit_of_code_moved_to_another_file_conflicts_cleanly(scaffold, flat_project):
-    """build_optimizer moved from engine.py to optim.py: git cannot follow code out of a file, so
-    the owner's edit of it is a conflict in runtime/engine.py that shows their version."""
+def test_edit_of_code_moved_to_another_file_follows_it(scaffold, tmp_path, flat_project):
+    """build_optimizer moved from engine.py to optim.py: git alone cannot follow code out of a
+    file (the owner's edit was a conflict in runtime/engine.py), so the update moves it first."""
     adamw = "torch.optim.AdamW(groups, lr=cfg.lr, fused=True)"
     betas = "torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), fused=True)"
     edit_and_commit(flat_project, [*USER_FILE_EDITS, ("src/demo/engine.py", adamw, betas)])
 
     ran = scaffold("update", flat_project)
 
-    assert ran.exit_code == 1 and "Traceback" not in ran.stderr, ran.stderr
-    assert ran.stderr_lines[0].startswith("error: the update conflicts with edits")
-    listed = [line.strip() for line in ran.stderr_lines if line.startswith("    ")]
-    assert listed == ["src/demo/runtime/engine.py"]
-    engine = (flat_project / "src/demo/runtime/engine.py").read_text()
-    ours = re.search(r"^<<<<<<< .*?^=======$", engine, re.DOTALL | re.MULTILINE)
-    assert ours and betas in ours.group(), engine
-    for path, _, edited in USER_FILE_EDITS:  # the other files merged as usual
-        assert edited in (flat_project / path).read_text(), path
+    assert ran.exit_code == 0, ran.stdout + ran.stderr
+    assert "  moved build_optimizer, lr_factor from src/demo/engine.py to src/demo/optim.py" in (
+        ran.stdout
+    )
+    moved = ("src/demo/optim.py", adamw, betas)
+    assert files_of(flat_project) == new_project_with(tmp_path, [*USER_FILE_EDITS, moved])
 
 
 # --- (d): refusals that change nothing ----------------------------------------------------
