@@ -192,15 +192,24 @@ def update_(
             f"Updated {result.path}: merged the new render into {result.branch} "
             f"({count} file{'s' if count != 1 else ''} changed: git show --stat)"
         )
+        _print_moves(result.moved)
         return 0
+    _print_moves(result.moved)
     _note(f"error: the update conflicts with edits in {result.path}; git left conflict markers in:")
     for name in result.files:
         _note(f"    {name}")
+    kept = " (the commit of the moves before it stays)" if result.moved else ""
     _note(
         "Resolve each conflict, then `git add` those files and `git commit` to finish the "
-        "update; or undo it with `git merge --abort`."
+        f"update; or undo it with `git merge --abort`{kept}."
     )
     return 1
+
+
+def _print_moves(moved: list[str]) -> None:
+    """The template's moves that `update` made in a commit of its own before the merge."""
+    for line in moved:
+        print(f"  moved {line} as the template did, in a commit before the merge")
 
 
 @app.command("matrix")

@@ -23,9 +23,14 @@ _LOCATION_VARIABLES = {"GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_OBJECT
 
 
 def run(
-    project: Path, *args: str, check: bool = True, index: Path | None = None
+    project: Path,
+    *args: str,
+    check: bool = True,
+    index: Path | None = None,
+    input: str | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run git in `project`; `index`: a separate index file, leaving the project's alone."""
+    """Run git in `project`; `index`: a separate index file, leaving the project's alone;
+    `input`: what git reads on its standard input (none by default)."""
     env = {k: v for k, v in os.environ.items() if k not in _LOCATION_VARIABLES}
     if index is not None:
         env["GIT_INDEX_FILE"] = str(index)
@@ -34,7 +39,7 @@ def run(
             ["git", *args],
             cwd=project,
             env=env,
-            stdin=subprocess.DEVNULL,
+            stdin=subprocess.DEVNULL if input is None else subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -42,7 +47,7 @@ def run(
     except FileNotFoundError:
         raise ScaffoldError("git is not installed: install it, or pass --no-git") from None
     try:
-        stdout, stderr = process.communicate()
+        stdout, stderr = process.communicate(input)
     except BaseException:
         # Interrupted: git must be gone before its folder is removed, or it writes on into it.
         process.kill()

@@ -8,7 +8,9 @@ branch into the current one. Git's three-way merge then takes the previous prist
 base: the owner's edits stay, a file the owner added is not on the branch so is never touched,
 and an edit on the same lines as a template change becomes a conflict with git's usual markers.
 The base lives in the project's own history, so updates work offline, on a fresh clone and after
-scaffold itself was upgraded.
+scaffold itself was upgraded. Definitions the template moved from one Python file to another are
+moved first, on the pristine branch and the owner's (scaffold.moves), so that the merge carries
+the owner's edits of them along.
 
 copier's own `run_update` cannot do this: it re-renders the old version from the template's
 git history (`_commit` in the answers file), and scaffold's template is installed as package
@@ -27,7 +29,7 @@ from typing import Any
 
 import yaml
 
-from scaffold import __version__, git
+from scaffold import __version__, git, moves
 from scaffold.errors import InvalidAnswerError, ScaffoldError, UsageError
 from scaffold.git import PRISTINE_BRANCH
 from scaffold.questions import (
@@ -54,8 +56,10 @@ class Update:
     branch: str  # what was merged into: the current branch, or a commit when HEAD is detached
     # answer: (saved, now), for each answer changed by a flag and each new question's default
     changed_answers: dict[str, tuple[Any, Any]] = field(default_factory=dict)
-    # "merged": the files the merge changed; "conflicts": the files left with conflicts
+    # "merged": the files the update changed; "conflicts": the files left with conflicts
     files: list[str] = field(default_factory=list)
+    # the moves committed on `branch` before the merge: 'train_step from A to B'
+    moved: list[str] = field(default_factory=list)
 
 
 def update_project(
@@ -98,13 +102,22 @@ def update_project(
     }
     branch = git.current_branch(project)
 
+    head = git.run(project, "rev-parse", "HEAD").stdout.strip()
     if tree == git.run(project, "rev-parse", f"{previous}^{{tree}}").stdout.strip():
-        pristine = previous
-        if git.is_ancestor(project, pristine, "HEAD"):
+        if git.is_ancestor(project, previous, head):
             return Update(project, "up to date", branch, changed)
-    else:
-        pristine = _commit_render(project, tree, previous, now, template)
-    return _merge(project, pristine, previous, branch, changed)
+        return _merge(project, previous, head, branch, changed)
+    moved = moves.follow(project, previous, tree, head)
+    pristine = _commit_render(project, tree, moved.base if moved else previous, now, template)
+    if moved is None:
+        return _merge(project, pristine, head, branch, changed)
+    kept = _local_pristine(project)
+    _fast_forward(project, moved)
+    try:
+        return _merge(project, pristine, head, branch, changed, moved.lines())
+    except BaseException:
+        _put_back(project, head, kept)
+        raise
 
 
 def _check_repository(project: Path, template: Path) -> None:
@@ -248,11 +261,43 @@ def _commit_render(
     return result.stdout.strip()
 
 
+def _fast_forward(project: Path, moved: moves.Moved) -> None:
+    """Move the current branch, index and files to the commit of the template's moves."""
+    done = git.run(project, "merge", "-q", "--ff-only", "--no-autostash", moved.ours, check=False)
+    if done.returncode != 0:
+        reason = (done.stderr.strip() or done.stdout.strip() or "no message").splitlines()
+        raise ScaffoldError(
+            f"git refused to move {'; '.join(moved.lines())} in {project} before the merge, "
+            "and nothing was changed: " + " ".join(line.strip() for line in reason)
+        )
+
+
+def _put_back(project: Path, head: str, kept: str) -> None:
+    """After a failure past `_fast_forward`: the branch, index and files back at `head`, no
+    merge in progress (the tree was clean: `_check_repository`), the pristine branch at `kept`."""
+    git.run(project, "reset", "-q", "--merge", head)
+    if kept:
+        git.run(project, "update-ref", "-m", "scaffold update: put back", _PRISTINE_REF, kept)
+    else:
+        git.run(project, "update-ref", "-d", _PRISTINE_REF)
+
+
+def _local_pristine(project: Path) -> str:
+    """The local pristine branch's commit; empty when it exists only as a remote's copy."""
+    found = git.run(project, "rev-parse", "-q", "--verify", _PRISTINE_REF, check=False)
+    return found.stdout.strip()
+
+
 def _merge(
-    project: Path, pristine: str, previous: str, branch: str, changed: dict[str, tuple[Any, Any]]
+    project: Path,
+    pristine: str,
+    before: str,
+    branch: str,
+    changed: dict[str, tuple[Any, Any]],
+    moved: list[str] | None = None,
 ) -> Update:
-    """Merge `pristine` into HEAD; move the pristine branch there once the merge has begun."""
-    before = git.run(project, "rev-parse", "HEAD").stdout.strip()
+    """Merge `pristine` into HEAD; move the pristine branch there once the merge has begun.
+    `before`: the commit HEAD was at before the update."""
     message = f"Update from the template of scaffold {__version__}"
     merged = git.run(
         project, *git.identity(project), "merge", "--no-ff", "--no-edit", "--no-verify",
@@ -265,11 +310,10 @@ def _merge(
             f"git merge refused to update {project}, and nothing was changed: "
             + " ".join(line.strip() for line in reason)
         )
-    # Old value: empty when the branch exists only as a remote's copy (a fresh clone).
-    old = git.run(project, "rev-parse", "-q", "--verify", _PRISTINE_REF, check=False).stdout.strip()
-    git.run(project, "update-ref", "-m", "scaffold update", _PRISTINE_REF, pristine, old or "")
+    old = _local_pristine(project)
+    git.run(project, "update-ref", "-m", "scaffold update", _PRISTINE_REF, pristine, old)
     if merged.returncode != 0:
         conflicts = git.run(project, "diff", "--name-only", "--diff-filter=U").stdout.splitlines()
-        return Update(project, "conflicts", branch, changed, conflicts)
+        return Update(project, "conflicts", branch, changed, conflicts, moved or [])
     files = git.run(project, "diff", "--name-only", before, "HEAD").stdout.splitlines()
-    return Update(project, "merged", branch, changed, files)
+    return Update(project, "merged", branch, changed, files, moved or [])
