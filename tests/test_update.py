@@ -254,6 +254,12 @@ USER_FILE_EDITS = [
         '"resume with its settings, or start a new --run-dir (see NOTES.md)"',
     ),
 ]
+# The same edits where a new project has those lines: check_resumable, with the train.py edit,
+# has since moved into runtime/resume.py, and the update carries the edit there with it.
+USER_FILE_EDITS_NOW = [
+    (path.replace("src/demo/train.py", "src/demo/runtime/resume.py"), text, edited)
+    for path, text, edited in USER_FILE_EDITS
+]
 
 
 @pytest.fixture
@@ -304,10 +310,10 @@ def test_flat_project_moves_to_the_new_layout_with_its_edits(scaffold, tmp_path,
     assert not (package / "engine.py").exists() and not (package / "checks.py").exists()
     for moved in ("runtime/engine.py", "tools/checks.py", "optim.py"):
         assert (package / moved).is_file(), moved
-    for path, _, edited in USER_FILE_EDITS:
+    for path, _, edited in USER_FILE_EDITS_NOW:
         assert edited in (flat_project / path).read_text(), path
     # A new project's files exactly, with the owner's edits: nothing of the old layout is left.
-    assert files_of(flat_project) == new_project_with(tmp_path, USER_FILE_EDITS)
+    assert files_of(flat_project) == new_project_with(tmp_path, USER_FILE_EDITS_NOW)
     assert git(flat_project, "status", "--porcelain") == ""
 
     checks = run_project_checks(flat_project)
@@ -328,16 +334,16 @@ def test_flat_project_moves_to_the_new_layout_with_its_edits(scaffold, tmp_path,
 
 
 def test_edit_of_a_moved_machinery_file_moves_with_it(scaffold, tmp_path, flat_project):
-    """git's rename detection carries an edit of engine.py into runtime/engine.py."""
-    zero_grad = "engine.optimizer.zero_grad(set_to_none=True)"
-    edited = f"{zero_grad}  # frees the gradients' memory until backward"
-    edit_and_commit(flat_project, [*USER_FILE_EDITS, ("src/demo/engine.py", zero_grad, edited)])
+    """An edit of engine.py's setup reaches runtime/engine.py, where setup now is."""
+    kernels = "torch.use_deterministic_algorithms(True)"
+    edited = f"{kernels}  # bit-exact resume"
+    edit_and_commit(flat_project, [*USER_FILE_EDITS, ("src/demo/engine.py", kernels, edited)])
 
     ran = scaffold("update", flat_project)
 
     assert ran.exit_code == 0, ran.stdout + ran.stderr
-    moved = ("src/demo/runtime/engine.py", zero_grad, edited)
-    assert files_of(flat_project) == new_project_with(tmp_path, [*USER_FILE_EDITS, moved])
+    moved = ("src/demo/runtime/engine.py", kernels, edited)
+    assert files_of(flat_project) == new_project_with(tmp_path, [*USER_FILE_EDITS_NOW, moved])
 
 
 def test_edit_of_code_moved_to_another_file_follows_it(scaffold, tmp_path, flat_project):
@@ -354,7 +360,7 @@ def test_edit_of_code_moved_to_another_file_follows_it(scaffold, tmp_path, flat_
         ran.stdout
     )
     moved = ("src/demo/optim.py", adamw, betas)
-    assert files_of(flat_project) == new_project_with(tmp_path, [*USER_FILE_EDITS, moved])
+    assert files_of(flat_project) == new_project_with(tmp_path, [*USER_FILE_EDITS_NOW, moved])
 
 
 # --- a project of the layout with the training step in runtime/engine.py ------------------
@@ -376,7 +382,6 @@ def engine_step_project(tmp_path):
     return project.path
 
 
-@pytest.mark.xfail(reason="until train_step moves to train.py", strict=False)
 def test_edit_of_the_old_engine_step_follows_it_into_train_py(
     scaffold, tmp_path, engine_step_project
 ):

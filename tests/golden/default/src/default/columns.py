@@ -8,7 +8,6 @@ out of the features, kept beside `predict`'s outputs. The fitted encoding is pla
 dicts): every checkpoint holds it, `inspect-data` shows it, `predict` applies it to new rows.
 """
 
-import hashlib
 import os
 import sys
 from dataclasses import dataclass
@@ -189,15 +188,6 @@ def read_npz(path: Path, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray
     if x.ndim != 2 or y.ndim != 1 or (len(found) == 2 and len(y) != len(x)):  # else its caller checks
         raise DataError(f"{path}: need x of shape (N, F) and y of shape (N,), got {x.shape} and {y.shape}")
     return found
-
-
-def file_digest(path: Path) -> str:
-    """A fingerprint of the file's bytes: a resumed run refuses data that changed."""
-    hasher = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 22):
-            hasher.update(chunk)
-    return hasher.hexdigest()[:16]
 
 
 def fit(columns: list[Column], rows: np.ndarray) -> list[dict]:

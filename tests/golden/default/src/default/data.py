@@ -39,7 +39,6 @@ from .columns import (
     check_file,
     check_numbers,
     encode,
-    file_digest,
     fit,
     note,
     read_npz,
@@ -48,6 +47,7 @@ from .columns import (
     table_columns,
 )
 from .config import Config
+from .runtime.checkpoint import file_digest
 from .runtime.loader import read_batch
 
 SPLIT_SEED = 20240601  # fixed, so every run (whatever its --seed) validates on the same examples
@@ -196,7 +196,7 @@ def read_source(cfg: Config) -> Table:
     features = [column for column in others if column.name not in ids]
     if not features:
         raise DataError(f"{path}: no feature columns, only the {TARGET_NAME} {label!r}: need at least one")
-    return Table(features, columns[names.index(label)], ids, str(path), file_digest(path))
+    return Table(features, columns[names.index(label)], ids, str(path), file_digest(path)[:16])  # as short as runs saved before kept it
 
 
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
