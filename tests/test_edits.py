@@ -307,3 +307,27 @@ def _python(project: Path, code: str) -> subprocess.CompletedProcess[str]:
     )
     assert done.returncode == 0, done.stderr
     return done
+
+
+def test_a_model_edit_that_changes_its_weights_is_refused_on_resume_in_one_line(tmp_path):
+    """A run resumed after an edit that changed the model's parameters says which checkpoint
+    does not fit and what differs, in one line and not a load_state_dict traceback; the run's
+    files are left as they were."""
+    project = render(tmp_path / "grown", task="classification", device="cpu")
+    first = run(project, "train", "--max-steps", "20", "--ckpt-every", "10", "--run-dir", "runs/a")
+    assert first.returncode == 0, first.stderr
+    before = (project / "runs/a/metrics.jsonl").read_text()
+    _edit(
+        project / "src" / "grown" / "model.py",
+        "nn.LayerNorm(hidden_dim)",
+        "nn.LayerNorm(hidden_dim, bias=False)",
+    )
+
+    done = run(project, "train", "--max-steps", "30", "--ckpt-every", "10", "--run-dir", "runs/a")
+
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "step-00000020.pt does not load into this model" in line
+    assert "Unexpected key(s)" in line and "bias" in line
+    assert (project / "runs/a/metrics.jsonl").read_text() == before
