@@ -142,14 +142,14 @@ def tune(proj):
 
 
 @pytest.mark.parametrize(("start", "threshold"), [(256, 40_000), (256, 300), (256, 100), (8, 8)])
-def test_the_batch_search_finds_the_largest_fit_in_few_probes(tune, start, threshold):
+def test_the_batch_search_finds_the_largest_fit_in_few_probes(cuda_tune, start, threshold):
     probes = []
 
     def fits(size):
         probes.append(size)
         return size <= threshold
 
-    best = tune.largest_fitting(fits, start)
+    best = cuda_tune.largest_fitting(fits, start)
 
     assert best <= threshold
     assert threshold - best <= max(1, best // 16)  # bisected to within 1/16
@@ -157,9 +157,9 @@ def test_the_batch_search_finds_the_largest_fit_in_few_probes(tune, start, thres
     assert threshold + 1 not in probes or not fits(threshold + 1)
 
 
-def test_the_batch_search_says_0_when_nothing_fits_and_stops_at_its_limit(tune):
-    assert tune.largest_fitting(lambda size: False, 64) == 0
-    assert tune.largest_fitting(lambda size: True, 64, limit=1000) == 1000
+def test_the_batch_search_says_0_when_nothing_fits_and_stops_at_its_limit(cuda_tune):
+    assert cuda_tune.largest_fitting(lambda size: False, 64) == 0
+    assert cuda_tune.largest_fitting(lambda size: True, 64, limit=1000) == 1000
 
 
 def test_the_rescaling_rules(tune):
@@ -186,6 +186,16 @@ def test_find_batch_size_on_the_cpu_measures_throughput_and_suggests_options(
     assert f"--batch-size {size} --grad-accum-steps {steps} " in lines[-1]
 
 
+def test_a_cpu_project_has_no_memory_search_and_no_memory_flag(proj, tune):
+    """A CPU's memory does not bound the micro-batch: the search and its --memory-target exist in
+    cuda and mps projects only (cuda_tune below), not switched off in a CPU one."""
+    _, project = proj
+    assert not hasattr(tune, "largest_fitting") and not hasattr(tune, "MEMORY_TARGET")
+    main = (project / "src" / "profproj" / "__main__.py").read_text()
+    sizer = main.split('"find-batch-size"')[1].split("add_parser")[0]  # its parser's lines
+    assert "--global-batch" in sizer and "memory" not in sizer
+
+
 def _cuda_module(tmp_path_factory, package: str, answers: dict, module: str):
     """A module of a freshly rendered cuda project, imported on this CPU machine, and removed
     from sys.modules after the tests that use it."""
@@ -201,27 +211,27 @@ def _cuda_module(tmp_path_factory, package: str, answers: dict, module: str):
 
 
 @pytest.fixture(scope="module")
-def cuda_timing(tmp_path_factory):
-    yield from _cuda_module(tmp_path_factory, "cudaproj", {}, "tools.timing")
+def cuda_device(tmp_path_factory):
+    yield from _cuda_module(tmp_path_factory, "cudaproj", {}, "runtime.device")
 
 
-def test_the_gpu_utilisation_is_the_mean_of_samples_taken_during_the_window(cuda_timing):
+def test_the_gpu_utilisation_is_the_mean_of_samples_taken_during_the_window(cuda_device):
     readings = iter([10, 30] * 1000)
-    with cuda_timing.UtilizationSampler(torch.device("cuda"), read=lambda: next(readings)) as gpu:
+    with cuda_device.UtilizationSampler(torch.device("cuda"), read=lambda: next(readings)) as gpu:
         assert wait_until(lambda: len(gpu.samples) >= 3, timeout=30)  # read while the window runs
     assert len(gpu.samples) >= 4  # and once more as it ends
     assert gpu.mean == pytest.approx(sum(gpu.samples) / len(gpu.samples))
     assert 10 <= gpu.mean <= 30
 
 
-def test_without_nvml_or_off_cuda_the_gpu_utilisation_is_unknown(cuda_timing):
+def test_without_nvml_or_off_cuda_the_gpu_utilisation_is_unknown(cuda_device):
     def no_nvml():
         raise ModuleNotFoundError("pynvml")
 
-    with cuda_timing.UtilizationSampler(torch.device("cuda"), read=no_nvml) as gpu:
+    with cuda_device.UtilizationSampler(torch.device("cuda"), read=no_nvml) as gpu:
         assert wait_until(lambda: not gpu.enabled, timeout=30)  # its first reading failed
     assert gpu.mean is None
-    with cuda_timing.UtilizationSampler(torch.device("cpu")) as gpu:
+    with cuda_device.UtilizationSampler(torch.device("cpu")) as gpu:
         assert not gpu.enabled  # no thread started: nothing to wait for
     assert gpu.mean is None and not gpu.samples
 
@@ -243,7 +253,7 @@ class _FakeGPU:
         monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
         monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda device: None)
         monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device: self.peak)
-        monkeypatch.setattr(tune, "synchronize", lambda device: None)
+        monkeypatch.setattr(tune.hardware, "synchronize", lambda device: None)
 
 
 def test_the_gpu_search_takes_a_kernels_failure_at_a_size_as_its_limit_not_the_codes(
@@ -263,7 +273,8 @@ def test_the_gpu_search_takes_a_kernels_failure_at_a_size_as_its_limit_not_the_c
 
     cfg = type("Cfg", (), {"batch_size": 32, "lr": 1e-3, "grad_accum_steps": 1})()
     engine = type("Engine", (), {"optimizer": torch.optim.SGD([torch.zeros(1)], lr=0.1)})()
-    out = cuda_tune._memory_search(cfg, "cuda", engine, step, None, 0.9, limit=100_000)
+    cuda = torch.device("cuda")
+    out = cuda_tune._memory_search(cfg, cuda, engine, step, None, 0.9, limit=100_000)
 
     assert f"  batch     512: failed ({cudnn} to be true, but got false.)" in out.splitlines()
     best = int(out.split("largest micro-batch under 90%: ")[1].split()[0])
@@ -274,11 +285,11 @@ def test_the_gpu_search_takes_a_kernels_failure_at_a_size_as_its_limit_not_the_c
         raise RuntimeError("mat1 and mat2 shapes cannot be multiplied")
 
     with pytest.raises(RuntimeError, match="shapes cannot be multiplied"):
-        cuda_tune._memory_search(cfg, "cuda", engine, broken, None, 0.9, limit=100_000)
+        cuda_tune._memory_search(cfg, cuda, engine, broken, None, 0.9, limit=100_000)
 
     def out_of_memory(size):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory")
 
-    out = cuda_tune._memory_search(cfg, "cuda", engine, out_of_memory, None, 0.9, limit=100_000)
+    out = cuda_tune._memory_search(cfg, cuda, engine, out_of_memory, None, 0.9, limit=100_000)
     assert "  batch      32: out of memory" in out.splitlines()
     assert out.splitlines()[-1].startswith("not even a micro-batch of 1 fits")

@@ -59,6 +59,8 @@ def lint_problems(project: Path, answers: dict[str, Any]) -> list[str]:
         ("autocast", precision != "fp32", "bf16 or fp16"),
         ("torch.compile", bool(answers.get("compile")), "compile"),
         ("set_float32_matmul_precision", device == "cuda", "cuda"),
+        ("largest_fitting", device != "cpu", "cuda or mps"),  # memory bounds no batch on a CPU
+        ("--memory-target", device != "cpu", "cuda or mps"),
         ("torch.mps", device == "mps", "mps"),
         ("torch.cuda.get_rng_state", device == "cuda", "cuda"),
         ("def sample(", answers.get("task") == "generation", "generation"),

@@ -34,7 +34,7 @@ from .tools.diagnose import run_diagnose
 from .tools.findings import DiagnoseError
 from .tools.profiling import profile
 from .tools.report import ReportError, plot, report
-from .tools.tune import MEMORY_TARGET, RANGE_STEPS, find_batch_size, find_lr
+from .tools.tune import RANGE_STEPS, find_batch_size, find_lr
 from .train import TrainingError, train
 
 # Errors a user can act on: one line and exit 2 (the input or the run folder) or 1 (what happened).
@@ -69,9 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     finder.add_argument("-o", "--output", default="lr_range.png", metavar="FILE.png")
     finder.add_argument("--range-steps", type=int, default=RANGE_STEPS, help="steps of the sweep")
     add_config_arguments(finder)
-    sizer = commands.add_parser("find-batch-size", help="the micro-batch that fills the device's memory")
+    sizer = commands.add_parser("find-batch-size", help="the micro-batch with the most samples/s")
     sizer.add_argument("--global-batch", type=int, metavar="N", help="examples a step, accumulation included")
-    sizer.add_argument("--memory-target", type=float, default=MEMORY_TARGET, help="share of device memory")
     add_config_arguments(sizer)
     exporter = commands.add_parser("export", help="a checkpoint's model weights, whole, in one .pt file")
     exporter.add_argument("--checkpoint", default="runs/default/checkpoints/best.pt")
@@ -112,7 +111,7 @@ def run_command(args: argparse.Namespace) -> int:
         print(profile(cfg, args.output))
         return 0
     if args.command == "find-batch-size":
-        print(find_batch_size(cfg, args.global_batch, args.memory_target))
+        print(find_batch_size(cfg, args.global_batch))
         return 0
     if args.command == "find-lr":
         print(find_lr(cfg, args.output, args.range_steps))

@@ -65,7 +65,7 @@ class Config:
     ckpt_every: int = 500  # steps between checkpoints
     keep_last: int = 3  # step checkpoints kept; best.pt is kept besides them
     seed: int = fixed(0)  # seeds Python, NumPy and torch; with the epoch, fixes the sample order
-    device: str = "cpu"  # where training runs
+    device: str = "cpu"  # where training runs (--device overrides it: --device cpu runs anywhere)
     deterministic: bool = False  # bit-exact runs: deterministic kernels and one CPU thread
 
     def __post_init__(self) -> None:

@@ -66,7 +66,7 @@ class Config:
     keep_last: int = 3  # step checkpoints kept; best is kept besides them
     tracking_uri: str | None = None  # an MLflow server or database; None: a file store in run_dir/mlruns
     seed: int = fixed(0)  # seeds Python, NumPy and torch; with the epoch, fixes the sample order
-    device: str = "cuda"  # --device cpu runs this project on a machine without the cuda device
+    device: str = "cuda"  # where training runs (--device overrides it: --device cpu runs anywhere)
     compile: bool = True  # torch.compile the model (the first steps are slow while it compiles)
     deterministic: bool = False  # bit-exact runs: deterministic kernels and one CPU thread
 

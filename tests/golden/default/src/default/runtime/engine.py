@@ -15,6 +15,7 @@ from ..config import Config, ConfigError
 from ..model import build_model
 from ..optim import build_optimizer, lr_factor
 from . import distributed
+from .device import configure
 
 PRECISION = "fp32"
 
@@ -26,9 +27,7 @@ def setup(cfg: Config) -> tuple[torch.device, distributed.Dist]:
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available[device.type]:
         raise ConfigError(f"--device {cfg.device} is not available here: --device cpu runs anywhere")
-    if cfg.deterministic:
-        torch.use_deterministic_algorithms(True)
-        torch.set_num_threads(1)  # CPU reductions then add in one fixed order
+    configure(cfg.deterministic)
     group = distributed.init_distributed(device.type)
     seed = cfg.seed + group.rank  # each rank its own dropout masks
     random.seed(seed)

@@ -63,6 +63,7 @@ class CheckResult:
     detail: str  # one line: what was measured
     value: float = math.nan  # the headline figure for the summary
     samples_per_s: float = math.nan
+    gpu_util: str = "n/a"  # the GPU's mean utilisation over the loader check's window, where it is read
 
     def line(self) -> str:
         return f"{self.name}: {'PASS' if self.passed else 'FAIL'}: {self.detail}"
@@ -210,7 +211,7 @@ def check_loader(cfg: Config) -> CheckResult:
         detail += ": loading is the bottleneck; raise --num-workers or move work out of the main process"
     elif timing.wait_share > LOADER_WARN_SHARE:
         detail += f": warning, over {LOADER_WARN_SHARE:.0%}; try more --num-workers"
-    return CheckResult("loader", passed, detail, timing.wait_share, timing.samples_per_s)
+    return CheckResult("loader", passed, detail, timing.wait_share, timing.samples_per_s, timing.gpu_util)
 
 
 def run_checks(cfg: Config, which: str) -> int:
@@ -267,7 +268,7 @@ def _run(cfg: Config, which: str, main: bool) -> int:
         say(f"**Sanity:** {sanity(summary)}")
         say(
             f"**Throughput:** {results['loader'].samples_per_s:,.0f} samples/s, "
-            "GPU util n/a, "
+            f"GPU util {results['loader'].gpu_util}, "
             f"data-loader time share {results['loader'].value:.1%}"
         )
     if lock is not None:

@@ -9,6 +9,7 @@ import torch
 
 from ..config import Config
 from ..data import load_splits
+from ..runtime.device import sample_utilization, synchronize
 from ..runtime.engine import Engine, setup
 from ..runtime.loader import build_loaders, close
 from ..runtime.state import TrainState, Waits, micro_batches, waited
@@ -29,6 +30,7 @@ class LoaderTiming:
     samples_per_s: float  # training with real loading
     wait_share: float  # share of that time spent waiting for the next batch
     by_workers: dict[int, float]  # the loader alone, samples/s for each --num-workers tried
+    gpu_util: str  # the GPU's mean utilisation over that window, or n/a where none is read
 
 
 def time_loader(cfg: Config) -> LoaderTiming:
@@ -51,7 +53,8 @@ def time_loader(cfg: Config) -> LoaderTiming:
     _time_steps(step, fixed, device, 3)  # warm-up
     compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
     waits = Waits()  # waited() adds each batch's wait to waits.data
-    window = _time_steps(step, waited(batches, waits), device, WINDOW_STEPS)
+    loading = waited(batches, waits)
+    window, gpu_util = sample_utilization(device, lambda: _time_steps(step, loading, device, WINDOW_STEPS))
     return LoaderTiming(
         load_per_step=load_per_batch * cfg.grad_accum_steps,
         samples_per_s_alone=cfg.batch_size / load_per_batch,
@@ -59,6 +62,7 @@ def time_loader(cfg: Config) -> LoaderTiming:
         samples_per_s=cfg.batch_size * cfg.grad_accum_steps / window,
         wait_share=waits.data / (window * WINDOW_STEPS),
         by_workers=by_workers,
+        gpu_util=gpu_util,
     )
 
 
@@ -101,9 +105,3 @@ def _time_steps(step, batches, device: torch.device, count: int) -> float:
         step(batches)
     synchronize(device)
     return (time.perf_counter() - start) / count
-
-
-def synchronize(device: torch.device) -> None:
-    """Waits for queued device work, so that timings measure it (the CPU runs ops in order)."""
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)

@@ -5,25 +5,23 @@
     python -m default find-batch-size  # the micro-batch to train with
 
 `find-lr` trains for a few hundred steps while the learning rate grows exponentially: the loss
-against the rate says where to train. `find-batch-size` raises the micro-batch until the peak
-memory of a training step reaches a share of the device's (doubling, then bisecting, out of
-memory caught); on a CPU, whose memory does not bound it, it measures throughput by batch size.
+against the rate says where to train. `find-batch-size` tries micro-batch sizes and suggests one,
+with the learning rate rescaled to it; find_batch_size says how it measures them on this device.
 """
 
 import math
 import time
-from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 
 from ..config import Config
 from ..data import load_splits
+from ..runtime import device as hardware
 from ..runtime.engine import Engine, setup
 from ..runtime.loader import EpochDataset, build_loaders
 from ..runtime.state import TrainState, micro_batches
 from ..train import train_step
-from .timing import synchronize
 
 LR_START = 1e-7  # far below any useful rate: the curve starts flat
 LR_END = 10.0  # far above: AdamW diverges well before it
@@ -31,8 +29,6 @@ RANGE_STEPS = 200  # optimizer steps of the sweep: 25 a decade, enough for a smo
 SMOOTHING = 0.9  # exponential moving average of the loss: one batch is noisy
 DIVERGED = 4.0  # stop once the smoothed loss is 4x its best: past there the curve says nothing
 SUGGEST_DIVISOR = 10  # the rule (Smith 2017, fastai): a tenth of the rate at the lowest loss
-MEMORY_TARGET = 0.85  # the rules: raise the batch until memory is ~85-90% used; the rest is headroom
-LARGEST_BATCH = 2**20  # where the doubling stops, whatever the memory
 CPU_BATCHES = tuple(2**k for k in range(3, 13))  # 8 ... 4096: the CPU's throughput sweep
 CPU_STEP_LIMIT = 1.0  # seconds: the sweep stops at a batch whose step takes longer
 TIMED_STEPS = 3  # steps timed at each batch size, after one untimed
@@ -98,30 +94,6 @@ def find_lr(cfg: Config, output: str, steps: int = RANGE_STEPS) -> str:
     return "\n".join([*lines, f"wrote {output}"])
 
 
-def largest_fitting(fits: Callable[[int], bool], start: int, limit: int = LARGEST_BATCH) -> int:
-    """The largest batch size for which fits(size) holds, assuming it holds for all smaller ones:
-    doubling from `start` until it fails, then bisecting between the last fit and the failure.
-    0 if not even `start` fits (then halving finds one, down to 1)."""
-    if not fits(start):
-        while start > 1:
-            start //= 2
-            if fits(start):
-                break
-        else:
-            return 0
-    low, high = start, None
-    while high is None and low < limit:
-        candidate = min(2 * low, limit)
-        if fits(candidate):
-            low = candidate
-        else:
-            high = candidate
-    while high is not None and high - low > max(1, low // 16):  # within 1/16: a step is not exact
-        middle = (low + high) // 2
-        low, high = (middle, high) if fits(middle) else (low, middle)
-    return low
-
-
 def rescaled_lr(lr: float, old_batch: int, new_batch: int) -> float:
     """The square-root rule for Adam-type optimizers (Malladi et al. 2022): the learning rate
     scales with the square root of the batch, where SGD's linear rule would overshoot."""
@@ -135,13 +107,13 @@ def accumulation_for(global_batch: int, micro_batch: int, world_size: int = 1) -
     return global_batch // (steps * world_size), steps
 
 
-def find_batch_size(cfg: Config, global_batch: int | None = None, target: float = MEMORY_TARGET) -> str:
-    """Runs the search for cfg.device and says which --batch-size (and lr, accumulation) to use."""
+def _sizing(cfg: Config):
+    """The device, a fresh engine, a step on a micro-batch of any size, and the training split's
+    size, which bounds the micro-batch."""
     device, _ = setup(cfg)
     splits = load_splits(cfg)
     engine = Engine(cfg, splits, device)
     examples = EpochDataset(splits.train)
-
     single = replace(cfg, grad_accum_steps=1)
 
     def step(size: int) -> None:
@@ -149,21 +121,28 @@ def find_batch_size(cfg: Config, global_batch: int | None = None, target: float 
         x, y = examples.__getitems__((0, torch.arange(size) % len(examples)))
         train_step(engine, iter([(x, y)]), single, device)
 
-    return _throughput_sweep(cfg, device, step, global_batch, limit=len(examples))
+    return device, engine, step, len(examples)
+
+
+def find_batch_size(cfg: Config, global_batch: int | None = None) -> str:
+    """Samples/s by micro-batch size (a CPU's memory does not bound it), and which --batch-size
+    (and lr, accumulation) to use."""
+    device, _, step, limit = _sizing(cfg)
+    return _throughput_sweep(cfg, device, step, global_batch, limit)
 
 
 def _throughput_sweep(cfg: Config, device: torch.device, step, global_batch: int | None, limit: int) -> str:
-    """On the CPU: samples/s by micro-batch size up to the training split's size, the fastest
+    """On a CPU: samples/s by micro-batch size up to the training split's size, the fastest
     suggested (memory does not bound it)."""
     lines = [f"find-batch-size on {device.type}: no device memory to fill; throughput by micro-batch instead"]
     rates = {}
     for size in [size for size in CPU_BATCHES if size <= limit] or [limit]:
         step(size)  # untimed: the first step at a size (and any recompilation for it)
-        synchronize(device)
+        hardware.synchronize(device)
         start = time.perf_counter()
         for _ in range(TIMED_STEPS):
             step(size)
-        synchronize(device)
+        hardware.synchronize(device)
         seconds = (time.perf_counter() - start) / TIMED_STEPS
         rates[size] = size / seconds
         lines.append(f"  batch {size:6d}: {rates[size]:12,.0f} samples/s  ({seconds * 1e3:.2f} ms a step)")

@@ -6,7 +6,6 @@ proves the code that trains. What differs with the number of processes is in dis
 """
 
 import dataclasses
-import os
 import random
 
 import numpy as np
@@ -16,6 +15,7 @@ from ..config import Config, ConfigError
 from ..model import build_model
 from ..optim import build_optimizer, lr_factor
 from . import distributed
+from .device import configure
 
 PRECISION = "fp16"
 AMP_DTYPE = torch.float16  # autocast dtype; losses stay in fp32
@@ -28,11 +28,7 @@ def setup(cfg: Config) -> tuple[torch.device, distributed.Dist]:
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available[device.type]:
         raise ConfigError(f"--device {cfg.device} is not available here: --device cpu runs anywhere")
-    torch.set_float32_matmul_precision("high")  # TF32 matmuls on Ampere and newer
-    if cfg.deterministic:
-        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS
-        torch.use_deterministic_algorithms(True)
-        torch.set_num_threads(1)  # CPU reductions then add in one fixed order
+    configure(cfg.deterministic)
     group = distributed.init_distributed(device.type)
     seed = cfg.seed + group.rank  # each rank its own dropout masks
     random.seed(seed)

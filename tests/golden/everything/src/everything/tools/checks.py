@@ -63,7 +63,7 @@ class CheckResult:
     detail: str  # one line: what was measured
     value: float = math.nan  # the headline figure for the summary
     samples_per_s: float = math.nan
-    gpu_util: float | None = None  # mean % over the loader check's window (NVML)
+    gpu_util: str = "n/a"  # the GPU's mean utilisation over the loader check's window, where it is read
 
     def line(self) -> str:
         return f"{self.name}: {'PASS' if self.passed else 'FAIL'}: {self.detail}"
@@ -268,7 +268,7 @@ def _run(cfg: Config, which: str, main: bool) -> int:
         say(f"**Sanity:** {sanity(summary)}")
         say(
             f"**Throughput:** {results['loader'].samples_per_s:,.0f} samples/s, "
-            f"GPU util {_gpu_utilization(results['loader'].gpu_util)}, "
+            f"GPU util {results['loader'].gpu_util}, "
             f"data-loader time share {results['loader'].value:.1%}"
         )
     if lock is not None:
@@ -326,8 +326,3 @@ def sanity(summary: dict) -> str:
 def _repeat(batch):
     while True:
         yield batch
-
-
-def _gpu_utilization(mean: float | None) -> str:
-    """The loader check's mean GPU utilisation over its timed window, sampled through NVML."""
-    return "n/a" if mean is None else f"{mean:.0f}% (sampled over the loader check)"

@@ -9,7 +9,7 @@ in three passes after a warm-up:
    timed with the device synchronised as it ends, beside the step's own time;
 2. one torch.profiler window (wait, warm-up, active steps): the top operators and a Chrome trace;
 3. the FLOPs of one step (torch.utils.flop_counter) over the step's unsynchronised time: the
-   achieved FLOP/s, and the model FLOP utilisation against the GPU's peak.
+   achieved FLOP/s, and the model FLOP utilisation where runtime/device.py lists the device's peak.
 Then the verdict of the rules: fix the loader first when the data wait is a real share of a step.
 """
 
@@ -22,27 +22,18 @@ from torch.utils.flop_counter import FlopCounterMode
 from ..config import Config
 from ..data import load_splits
 from ..model import compute_loss
+from ..runtime.device import mfu, profiler_view, synchronize
 from ..runtime.engine import PRECISION, Engine, setup
 from ..runtime.loader import build_loaders
 from ..runtime.state import TrainState, micro_batches
 from ..train import train_step
-from .timing import LOADER_WARN_SHARE, synchronize
+from .timing import LOADER_WARN_SHARE
 
 PHASES = ("data", "copy", "forward", "backward", "optimizer")
 WARMUP_STEPS = 5  # compilation, the allocator and the loader workers settle before any timing
 SPLIT_STEPS = 20  # steps timed phase by phase, and again without synchronising
 PROFILER_WAIT, PROFILER_WARMUP, PROFILER_ACTIVE = 1, 2, 5  # torch.profiler's schedule, in steps
 TOP_OPERATORS = 12
-# Dense tensor-core peaks from the vendor's data sheets, in TFLOP/s: bf16 and fp16, and TF32
-# (what fp32 matmuls run as here: engine.setup allows TF32). The first name found in the
-# device's name counts, so "H100 PCIe" comes before "H100" (the SXM part).
-PEAK_TFLOPS = {
-    "H200": {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7},
-    "H100 PCIe": {"bf16": 756.0, "fp16": 756.0, "fp32": 378.0},
-    "H100": {"bf16": 989.4, "fp16": 989.4, "fp32": 494.7},
-    "A100": {"bf16": 312.0, "fp16": 312.0, "fp32": 156.0},
-    "L4": {"bf16": 121.0, "fp16": 121.0, "fp32": 60.0},
-}
 
 
 class PhaseTimer:
@@ -100,7 +91,7 @@ def profile(cfg: Config, output: str) -> str:
         f"({total / synced:.1%}); unsynchronised {unsynced * 1e3:.3f} ms a step, "
         f"{examples / unsynced:,.0f} samples/s",
         f"FLOPs: {flops:.4g} a step (forward and backward, torch.utils.flop_counter): "
-        f"{flops / unsynced / 1e9:,.2f} GFLOP/s achieved{mfu(flops / unsynced, device)}",
+        f"{flops / unsynced / 1e9:,.2f} GFLOP/s achieved{mfu(flops / unsynced, device, PRECISION)}",
         verdict(split["data"] / total),
         f"top operators (torch.profiler, {PROFILER_ACTIVE} active steps):",
         table,
@@ -132,24 +123,10 @@ def step_flops(engine: Engine, batches, cfg: Config, device: torch.device) -> in
     return counter.get_total_flops()
 
 
-def mfu(achieved: float, device: torch.device) -> str:
-    """The model FLOP utilisation against the GPU's peak for this precision, when known."""
-    if device.type != "cuda":
-        return ""
-    name = torch.cuda.get_device_name(device)
-    peak = next((p for part, p in PEAK_TFLOPS.items() if part in name), None)
-    if peak is None:
-        return f"; MFU n/a (no peak listed for {name} in PEAK_TFLOPS)"
-    peak = peak[PRECISION] * 1e12
-    return f"; MFU {achieved / peak:.1%} of the {name}'s {peak / 1e12:g} TFLOP/s {PRECISION}"
-
-
 def operators(engine: Engine, batches, cfg: Config, device: torch.device, output: Path) -> tuple[str, Path]:
     """One torch.profiler window over training steps: its top operators by self time, and the
     Chrome trace written under `output` (for chrome://tracing, ui.perfetto.dev)."""
-    activities = [torch.profiler.ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    activities, sort = profiler_view(device)
     trace = output / "trace.json"
     trace.parent.mkdir(parents=True, exist_ok=True)
     schedule = torch.profiler.schedule(wait=PROFILER_WAIT, warmup=PROFILER_WARMUP, active=PROFILER_ACTIVE)
@@ -159,5 +136,4 @@ def operators(engine: Engine, batches, cfg: Config, device: torch.device, output
         for _ in range(PROFILER_WAIT + PROFILER_WARMUP + PROFILER_ACTIVE):
             train_step(engine, batches, cfg, device)
             profiler.step()
-    sort = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
     return profiler.key_averages().table(sort_by=sort, row_limit=TOP_OPERATORS), trace

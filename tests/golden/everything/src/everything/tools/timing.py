@@ -2,7 +2,6 @@
 
 import itertools
 import os
-import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -10,6 +9,7 @@ import torch
 
 from ..config import Config
 from ..data import load_splits
+from ..runtime.device import sample_utilization, synchronize
 from ..runtime.engine import Engine, setup
 from ..runtime.loader import build_loaders, close
 from ..runtime.state import TrainState, Waits, micro_batches, waited
@@ -30,7 +30,7 @@ class LoaderTiming:
     samples_per_s: float  # training with real loading
     wait_share: float  # share of that time spent waiting for the next batch
     by_workers: dict[int, float]  # the loader alone, samples/s for each --num-workers tried
-    gpu_util: float | None  # mean GPU utilisation (%) over that window; None off CUDA or without NVML
+    gpu_util: str  # the GPU's mean utilisation over that window, or n/a where none is read
 
 
 def time_loader(cfg: Config) -> LoaderTiming:
@@ -53,8 +53,8 @@ def time_loader(cfg: Config) -> LoaderTiming:
     _time_steps(step, fixed, device, 3)  # warm-up (and compilation)
     compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
     waits = Waits()  # waited() adds each batch's wait to waits.data
-    with UtilizationSampler(device) as gpu:
-        window = _time_steps(step, waited(batches, waits), device, WINDOW_STEPS)
+    loading = waited(batches, waits)
+    window, gpu_util = sample_utilization(device, lambda: _time_steps(step, loading, device, WINDOW_STEPS))
     return LoaderTiming(
         load_per_step=load_per_batch * cfg.grad_accum_steps,
         samples_per_s_alone=cfg.batch_size / load_per_batch,
@@ -62,7 +62,7 @@ def time_loader(cfg: Config) -> LoaderTiming:
         samples_per_s=cfg.batch_size * cfg.grad_accum_steps / window,
         wait_share=waits.data / (window * WINDOW_STEPS),
         by_workers=by_workers,
-        gpu_util=gpu.mean,
+        gpu_util=gpu_util,
     )
 
 
@@ -105,49 +105,3 @@ def _time_steps(step, batches, device: torch.device, count: int) -> float:
         step(batches)
     synchronize(device)
     return (time.perf_counter() - start) / count
-
-
-def synchronize(device: torch.device) -> None:
-    """Waits for queued device work, so that timings measure it (the CPU runs ops in order)."""
-    if device.type != "cpu":
-        torch.accelerator.synchronize(device)
-
-
-class UtilizationSampler:
-    """The GPU's utilisation read every SAMPLE_EVERY seconds in a thread while a timed window runs
-    (and once as it ends): their mean, not one reading taken after the work. torch reads it
-    through NVML, which needs the nvidia-ml-py package; without it, or off CUDA, the mean is None."""
-
-    SAMPLE_EVERY = 0.05  # seconds; NVML itself averages over its own sampling period
-
-    def __init__(self, device: torch.device, read=None) -> None:
-        self.read = read or (lambda: torch.cuda.utilization(device))
-        self.enabled = read is not None or device.type == "cuda"
-        self.samples: list[float] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._sample_until_stopped, daemon=True)
-
-    def __enter__(self) -> "UtilizationSampler":
-        if self.enabled:
-            self._thread.start()
-        return self
-
-    def __exit__(self, *exc) -> None:
-        if self.enabled:
-            self._stop.set()
-            self._thread.join()
-            self._sample()
-
-    def _sample_until_stopped(self) -> None:
-        while not self._stop.wait(self.SAMPLE_EVERY) and self.enabled:
-            self._sample()
-
-    def _sample(self) -> None:
-        try:
-            self.samples.append(float(self.read()))
-        except (ModuleNotFoundError, RuntimeError):  # no nvidia-ml-py, or NVML unavailable
-            self.enabled = False
-
-    @property
-    def mean(self) -> float | None:
-        return sum(self.samples) / len(self.samples) if self.samples and self.enabled else None
