@@ -10,17 +10,14 @@ from dataclasses import dataclass
 import torch
 
 from ..config import Config, ConfigError
+from .store import RunStore
 
 
 @dataclass(frozen=True)
 class Dist:
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return True
+    is_main: bool = True
 
 
 def init_distributed(device_type: str) -> Dist:
@@ -68,6 +65,10 @@ def resharding(saved_world: int, world_size: int, cfg: Config) -> str | None:
     if saved_world != world_size:
         raise ConfigError(f"{cfg.run_dir} holds a checkpoint of {saved_world} processes, not of this project")
     return None
+
+
+def stage_run(store: RunStore, group: Dist) -> None:
+    store.pull()
 
 
 def run_as_processes(processes: int) -> int | None:
