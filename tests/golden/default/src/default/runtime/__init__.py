@@ -8,4 +8,5 @@ is config.py, data.py, model.py and optim.py above this folder, and the loop in 
     stopping.py    SIGTERM, Ctrl-C and SIGUSR1 end a run at a step, with its checkpoint
     rundir.py      --run-dir, a local folder or a store URL: opened to train, or fetched to read
     store.py       --run-dir on an object store (s3://, gs://): checkpoints uploaded, resumed anywhere
+    distributed.py what differs with the number of processes: ranks, collectives, the wrapped model
 """

@@ -1,7 +1,6 @@
-"""Machinery: one process. The loop, the engine and the loader call the same few functions a
-multi-process project calls (ranks, sums over ranks, the model wrapped for training), so they read
-the same with one process as with many; here each is the one-process case: rank 0 of 1, a sum over
-one process is the value itself, and the model is trained as it is.
+"""Machinery: one process. The loop, the engine and the loader call the functions a multi-process
+project calls, so they read the same with one process as with many; here each is the one-process
+case: rank 0 of 1, a sum over one process is the value, the model as it is.
 """
 
 import contextlib
@@ -10,17 +9,14 @@ from dataclasses import dataclass
 import torch
 
 from ..config import Config, ConfigError
+from .store import RunStore
 
 
 @dataclass(frozen=True)
 class Dist:
     rank: int = 0
     world_size: int = 1
-    local_rank: int = 0
-
-    @property
-    def is_main(self) -> bool:
-        return True
+    is_main: bool = True
 
 
 def init_distributed(device_type: str) -> Dist:
@@ -68,6 +64,10 @@ def resharding(saved_world: int, world_size: int, cfg: Config) -> str | None:
     if saved_world != world_size:
         raise ConfigError(f"{cfg.run_dir} holds a checkpoint of {saved_world} processes, not of this project")
     return None
+
+
+def stage_run(store: RunStore, group: Dist) -> None:
+    store.pull()
 
 
 def run_as_processes(processes: int) -> int | None:

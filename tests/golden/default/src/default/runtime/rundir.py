@@ -4,7 +4,7 @@ store's newest checkpoint pulled into the staging folder first, or fetched for t
 
 from pathlib import Path
 
-from .distributed import Dist
+from .distributed import Dist, stage_run
 from .store import RECORDS, RunStore, StoreError, cache_dir, fresh, is_url, top
 
 
@@ -13,8 +13,7 @@ def open_run(run_dir: str, keep_last: int, group: Dist) -> "LocalRun | RunStore"
     if not is_url(run_dir):
         return LocalRun(Path(run_dir))
     store = RunStore(run_dir, keep_last)
-    if group.local_rank == 0:  # one process a machine
-        store.pull()
+    stage_run(store, group)  # by the processes the distributed strategy names
     return store
 
 

@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import json
 import os
+import secrets
 import signal
 import socket
 import subprocess
@@ -24,6 +25,7 @@ import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -33,6 +35,9 @@ from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 
 from ..config import Config, ConfigError
+
+if TYPE_CHECKING:  # store.py imports checkpoint.py, which imports this module
+    from .store import RunStore
 
 # ShardedGradScaler's overflow flag has shape (1,), which DTensor warns of at each process's first
 # unscale beside sharded gradients; the flag is all-reduced over the ranks as it should be.
@@ -329,3 +334,35 @@ def resharding(saved_world: int, world_size: int, cfg: Config) -> str | None:
         " examples, the epoch goes on from the first batch not wholly trained on, and ranks"
         f" {saved_world}+ start fresh random streams (see README: Distributed training)"
     )
+
+
+def stage_run(store: "RunStore", group: Dist) -> None:
+    """The store's newest checkpoint pulled by rank 0 into the one staging folder that every rank
+    writes its shards into, and rank 0 uploads from (rundir.py): on several machines,
+    XDG_CACHE_HOME must name a folder they all share."""
+    check_shared(store.local, group, store.url)
+    if group.is_main:
+        store.pull()
+    barrier()  # the other ranks read the checkpoint it pulled
+
+
+def check_shared(folder: Path, group: Dist, run_dir: str) -> None:
+    """Refuses a staging folder that not every rank sees: rank 0 writes a random token there, and
+    every rank must read it back."""
+    marker = folder / ".shared-by-ranks"
+    token = secrets.token_hex(16)
+    if group.is_main:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text(token)
+    token = all_gather(token)[0]  # rank 0's, written before it joined
+    try:
+        seen = marker.read_text() == token
+    except OSError:
+        seen = False
+    if not all(all_gather(seen)):
+        raise ConfigError(
+            f"--run-dir {run_dir}: not every rank sees the staging folder {folder}: set"
+            " XDG_CACHE_HOME to a folder all machines share, or give a shared local --run-dir"
+        )
+    if group.is_main:
+        marker.unlink()

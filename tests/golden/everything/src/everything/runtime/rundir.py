@@ -1,15 +1,10 @@
 """Machinery: --run-dir, a local folder or an object-store URL (store.py): opened for training, the
 store's newest checkpoint pulled into the staging folder first, or fetched for the read commands.
-
-Every rank writes its shards into the staging folder, and rank 0 alone pulls and uploads, so all
-ranks must see one folder: on several machines, set XDG_CACHE_HOME to a folder they all share.
 """
 
-import secrets
 from pathlib import Path
 
-from ..config import ConfigError
-from .distributed import Dist, all_gather, barrier
+from .distributed import Dist, stage_run
 from .store import RECORDS, RunStore, StoreError, cache_dir, fresh, is_url, top
 
 
@@ -18,33 +13,8 @@ def open_run(run_dir: str, keep_last: int, group: Dist) -> "LocalRun | RunStore"
     if not is_url(run_dir):
         return LocalRun(Path(run_dir))
     store = RunStore(run_dir, keep_last)
-    check_shared(store.local, group, run_dir)
-    if group.is_main:  # one staging folder for all ranks
-        store.pull()
-    barrier()  # the other processes read the checkpoint it pulled
+    stage_run(store, group)  # by the processes the distributed strategy names
     return store
-
-
-def check_shared(folder: Path, group: Dist, run_dir: str) -> None:
-    """Refuses a staging folder that not every rank sees: rank 0 writes a random token there, and
-    every rank must read it back."""
-    marker = folder / ".shared-by-ranks"
-    token = secrets.token_hex(16)
-    if group.is_main:
-        folder.mkdir(parents=True, exist_ok=True)
-        marker.write_text(token)
-    token = all_gather(token)[0]  # rank 0's, written before it joined
-    try:
-        seen = marker.read_text() == token
-    except OSError:
-        seen = False
-    if not all(all_gather(seen)):
-        raise ConfigError(
-            f"--run-dir {run_dir}: not every rank sees the staging folder {folder}: set"
-            " XDG_CACHE_HOME to a folder all machines share, or give a shared local --run-dir"
-        )
-    if group.is_main:
-        marker.unlink()
 
 
 def fetch_run(run_dir: str) -> str:
