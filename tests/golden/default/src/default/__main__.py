@@ -84,40 +84,30 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Runs the command that `args` names; its exit status."""
-    if args.command == "plot":
-        print(f"wrote {plot([fetch_run(run_dir) for run_dir in args.run_dirs], args.output)}")
-        return 0
-    if args.command == "report":
-        print(report(fetch_run(args.run_dir), args.since and fetch_run(args.since)))
-        return 0
-    if args.command == "diagnose":
-        return run_diagnose([fetch_run(run_dir) for run_dir in args.run_dirs], args.json)
-    if args.command == "export":
-        default = Path(args.checkpoint).name if is_url(args.checkpoint) else args.checkpoint  # a URL's: here
-        out = Path(args.out or f"{default}.model.pt")
-        written = export(Path(fetch_checkpoint(args.checkpoint)), out)
-        print(f"wrote {written}: load it with torch.load(weights_only=True)")
-        return 0
-    if args.command == "predict":
-        print(predict(args.path, args.output, fetch_checkpoint(args.checkpoint), args.device))
-        return 0
-    cfg = config_from_args(args)
-    if args.command == "train":
-        return train(cfg)["exit_status"]
-    if args.command == "check":
-        return run_checks(cfg, args.which)
-    if args.command == "profile":
-        print(profile(cfg, args.output))
-        return 0
-    if args.command == "find-batch-size":
-        print(find_batch_size(cfg, args.global_batch))
-        return 0
-    if args.command == "find-lr":
-        print(find_lr(cfg, args.output, args.range_steps))
-        return 0
-    print(summarize(load_splits(cfg)))
-    return 0
+    """Runs the command that `args` names; its exit status. A command without its entry here fails
+    (a KeyError) rather than run another."""
+    commands = {
+        "train": lambda: train(config_from_args(args))["exit_status"],
+        "check": lambda: run_checks(config_from_args(args), args.which),
+        "inspect-data": lambda: print(summarize(load_splits(config_from_args(args)))),
+        "plot": lambda: print("wrote", plot([fetch_run(run_dir) for run_dir in args.run_dirs], args.output)),
+        "report": lambda: print(report(fetch_run(args.run_dir), args.since and fetch_run(args.since))),
+        "diagnose": lambda: run_diagnose([fetch_run(run_dir) for run_dir in args.run_dirs], args.json),
+        "profile": lambda: print(profile(config_from_args(args), args.output)),
+        "find-lr": lambda: print(find_lr(config_from_args(args), args.output, args.range_steps)),
+        "find-batch-size": lambda: print(find_batch_size(config_from_args(args), args.global_batch)),
+        "export": lambda: export_weights(args.checkpoint, args.out),
+        "predict": lambda: print(
+            predict(args.path, args.output, fetch_checkpoint(args.checkpoint), args.device)
+        ),
+    }
+    return commands[args.command]() or 0  # None from a command that printed its result: success
+
+
+def export_weights(checkpoint: str, out: str | None) -> None:
+    default = Path(checkpoint).name if is_url(checkpoint) else checkpoint  # a URL's: written here
+    written = export(Path(fetch_checkpoint(checkpoint)), Path(out or f"{default}.model.pt"))
+    print(f"wrote {written}: load it with torch.load(weights_only=True)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -196,7 +196,8 @@ def read_source(cfg: Config) -> Table:
     features = [column for column in others if column.name not in ids]
     if not features:
         raise DataError(f"{path}: no feature columns, only the {TARGET_NAME} {label!r}: need at least one")
-    return Table(features, columns[names.index(label)], ids, str(path), file_digest(path)[:16])  # as short as runs saved before kept it
+    digest = file_digest(path)[:16]  # as long as the checkpoints of earlier runs hold it
+    return Table(features, columns[names.index(label)], ids, str(path), digest)
 
 
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:

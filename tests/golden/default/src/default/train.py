@@ -31,6 +31,7 @@ from .runtime.distributed import (
     clip_grad_norm,
     gradient_sync,
     is_main_process,
+    main_only,
 )
 from .runtime.engine import PRECISION, Engine, setup
 from .runtime.loader import build_loaders, close
@@ -197,7 +198,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         engine = Engine(cfg, splits, device)
         store = open_run(cfg.run_dir, cfg.keep_last, group)  # a URL: staged here, pulled
         check_checkpoints_kept(store.local)
-        run = RunLog(store)
+        run = main_only(lambda: RunLog(store))  # rank 0 alone writes the records
         checkpoints = CheckpointDir(store.local / "checkpoints", cfg.keep_last, main=group.is_main)
         loop = Loop(cfg, engine, splits, device, group, run, checkpoints, say)
         saved_rng = restore_run(loop)

@@ -34,6 +34,7 @@ from .runtime.distributed import (
     clip_grad_norm,
     gradient_sync,
     is_main_process,
+    main_only,
 )
 from .runtime.engine import AMP_DTYPE, PRECISION, Engine, setup
 from .runtime.loader import build_loaders, close
@@ -41,7 +42,7 @@ from .runtime.progress import Progress, announced
 from .runtime.resume import check_checkpoints_kept, payload, restore_run
 from .runtime.rng import set_rng_state
 from .runtime.rundir import open_run
-from .runtime.runlog import RunLog, SilentRunLog
+from .runtime.runlog import RunLog
 from .runtime.state import Loop, micro_batches, validation_schedule, waited
 from .runtime.stopping import StopSignals
 
@@ -212,7 +213,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         engine = Engine(cfg, splits, device)
         store = open_run(cfg.run_dir, cfg.keep_last, group)  # a URL: staged here, pulled
         check_checkpoints_kept(store.local)
-        run = RunLog(store) if group.is_main else SilentRunLog()  # rank 0 alone writes
+        run = main_only(lambda: RunLog(store))  # rank 0 alone writes the records
         checkpoints = CheckpointDir(store.local / "checkpoints", cfg.keep_last, main=group.is_main)
         loop = Loop(cfg, engine, splits, device, group, run, checkpoints, say)
         saved_rng = restore_run(loop)

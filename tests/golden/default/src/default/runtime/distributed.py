@@ -27,6 +27,11 @@ def is_main_process() -> bool:
     return True
 
 
+def main_only(make):
+    """One process: rank 0, so it keeps what rank 0 alone does (the run's records)."""
+    return make()
+
+
 def model_init_rng(cfg: Config) -> contextlib.AbstractContextManager:
     """The model is built from the global RNG, which setup() seeded."""
     return contextlib.nullcontext()

@@ -132,6 +132,17 @@ def is_main_process() -> bool:
     return os.environ.get("RANK", "0") == "0"
 
 
+def main_only(make):
+    """make() on rank 0, which alone keeps what is written once for the job (the run's records);
+    the other ranks get a stand-in whose every method does nothing."""
+    return make() if is_main_process() else _Silent()
+
+
+class _Silent:
+    def __getattr__(self, name: str):
+        return lambda *args, **kwargs: None
+
+
 def _group_store() -> dist.Store:
     """torchrun's store, with keys of their own for each restart of a one-node group.
 

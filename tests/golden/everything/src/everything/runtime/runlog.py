@@ -205,32 +205,6 @@ class RunLog:
             raise RunDirError(f"cannot write {self.metrics_path}: {error.strerror}") from None
 
 
-class SilentRunLog:
-    """The run log of the other ranks of a multi-process run: rank 0 alone writes run.json, metrics
-    and trackers."""
-
-    def start(self, *args) -> None:
-        pass
-
-    def resume(self, *args) -> None:
-        pass
-
-    def log(self, **record) -> None:
-        pass
-
-    def checkpointed(self, step: int) -> None:
-        pass
-
-    def finish(self, summary: dict) -> None:
-        pass
-
-    def close(self) -> None:
-        pass
-
-    def tracker_state(self) -> dict:
-        return {}
-
-
 def run_record(cfg: Config, data: dict, precision: str) -> dict:
     """run.json for a run started by this command."""
     return {
