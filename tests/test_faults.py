@@ -1453,7 +1453,7 @@ def test_a_ranks_rng_state_is_its_own_gpus_alone(tmp_path, tally, monkeypatch):
     project = render(tmp_path / "rngproj", device="cuda", distributed="ddp")
     sys.path.insert(0, str(project / "src"))
     try:
-        checkpoint = importlib.import_module("rngproj.runtime.rng")
+        checkpoint = importlib.import_module("rngproj.runtime.resume")
     finally:
         sys.path.remove(str(project / "src"))
         for name in [m for m in sys.modules if m.startswith("rngproj")]:

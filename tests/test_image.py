@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -342,12 +343,14 @@ def test_ddp_ranks_validate_with_rank_0s_batchnorm_statistics_so_resume_is_exact
     assert done.returncode == 0, done.stdout + done.stderr
     assert "validation losses equal" in done.stdout
 
-    train_py = next((project / "src").glob("*/train.py"))
-    source = train_py.read_text()
-    # Before each validation and each checkpoint: without both, ranks drift apart and the resumed
-    # ranks (which load rank 0's statistics) no longer match.
-    assert source.count("broadcast_buffers(engine.model)  #") == 2
-    train_py.write_text(source.replace("broadcast_buffers(engine.model)  #", "None  #"))
+    # Before each validation (train.py) and each checkpoint (runtime/resume.py's payload): without
+    # both, ranks drift apart and the resumed ranks (which load rank 0's statistics) differ.
+    package = next((project / "src").glob("*/train.py")).parent
+    for path in (package / "train.py", package / "runtime" / "resume.py"):
+        source = path.read_text()
+        assert source.count("broadcast_buffers(loop.engine.model)  #") == 1, path
+        call = r"(distributed\.)?broadcast_buffers\(loop\.engine\.model\)"
+        path.write_text(re.sub(call, "None", source))
     done = run(project, "check", "resume", "--device", "cpu", *sizes)
     assert done.returncode == 1
     assert "validation losses DIFFER" in done.stdout

@@ -26,21 +26,12 @@ from tqdm import tqdm
 from .config import Config
 from .data import load_splits
 from .model import Metrics, compute_loss
+from .runtime import distributed
 from .runtime.checkpoint import CheckpointDir
-from .runtime.distributed import (
-    all_reduce_sum,
-    any_rank_max,
-    broadcast_buffers,
-    clip_grad_norm,
-    gradient_sync,
-    is_main_process,
-    main_only,
-)
 from .runtime.engine import AMP_DTYPE, PRECISION, Engine, setup
 from .runtime.loader import build_loaders, close
 from .runtime.progress import Progress, announced
-from .runtime.resume import check_checkpoints_kept, payload, restore_run
-from .runtime.rng import set_rng_state
+from .runtime.resume import check_checkpoints_kept, payload, restore_run, set_rng_state
 from .runtime.rundir import open_run
 from .runtime.runlog import RunLog
 from .runtime.state import Loop, micro_batches, validation_schedule, waited
@@ -51,17 +42,13 @@ class TrainingError(RuntimeError):
     """Training cannot go on (a NaN loss, say); the message says what to check."""
 
 
-def _unmarked(phase: str) -> None:
-    """train_step's `mark` in training: nothing is timed inside a step."""
-
-
-def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=_unmarked):
+def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=lambda phase: None):
     """One optimizer step over cfg.grad_accum_steps micro-batches.
 
     Returns the mean loss and the gradient norm as tensors: reading them (.item()) waits for the
     device, so the loop does that only on logging steps. `mark(phase)` is called as each phase
     begins (data, copy, forward, backward, optimizer) and with "done" at the end: `profile`
-    times the phases with it.
+    times the phases with it; training times nothing inside a step.
     """
     losses = []  # each micro-batch's share of the step's mean loss
     for i in range(cfg.grad_accum_steps):
@@ -71,7 +58,7 @@ def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         mark("forward")
         # with several processes, gradients are averaged across them on the last micro-batch only
-        with gradient_sync(engine.forward, last=i == cfg.grad_accum_steps - 1):
+        with distributed.gradient_sync(engine.forward, last=i == cfg.grad_accum_steps - 1):
             with torch.autocast(device.type, dtype=AMP_DTYPE):
                 output = engine.forward(x)
             loss = compute_loss(output, y)
@@ -82,7 +69,7 @@ def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=
         losses.append(loss.detach())
     mark("optimizer")
     engine.scaler.unscale_(engine.optimizer)  # clip the true gradients, not the scaled ones
-    grad_norm = clip_grad_norm(engine.params, cfg.grad_clip)
+    grad_norm = distributed.clip_grad_norm(engine.params, cfg.grad_clip)
     engine.scaler.step(engine.optimizer)  # skipped when the gradients overflowed; the scale then shrinks
     engine.scaler.update()
     engine.optimizer.zero_grad(set_to_none=True)
@@ -96,15 +83,15 @@ def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, 
     """The validation loss (compute_loss, averaged over examples) and the task's metrics."""
     engine.model.eval()
     metrics = Metrics(splits, device)
-    batches = announced(loader, "validating") if is_main_process() else loader
+    batches = announced(loader, "validating") if distributed.is_main_process() else loader
     for x, y in batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
         with torch.autocast(device.type, dtype=AMP_DTYPE):
             output = engine.forward(x)
         metrics.update(output, y, compute_loss(output, y))
     engine.model.train()
-    all_reduce_sum(metrics.sums)  # each rank evaluated its share of the batches
-    all_reduce_sum(metrics.count)
+    distributed.all_reduce_sum(metrics.sums)  # each rank evaluated its share of the batches
+    distributed.all_reduce_sum(metrics.count)
     return metrics.compute()
 
 
@@ -132,7 +119,7 @@ def validate(loop: Loop, val_loader, show: bool) -> bool:
     """A validation pass, recorded; best saved when it improved. True: stop early.
     Its line is said when `show` or when it stops the run."""
     cfg, state = loop.cfg, loop.state
-    broadcast_buffers(loop.engine.model)  # every rank evaluates rank 0's BatchNorm statistics
+    distributed.broadcast_buffers(loop.engine.model)  # every rank evaluates rank 0's BatchNorm statistics
     metrics = evaluate(loop.engine, val_loader, loop.splits, loop.device)
     loop.run.log(step=state.step, split="val", **metrics)
     improved = metrics["loss"] < state.best_val_loss
@@ -155,7 +142,7 @@ def validate(loop: Loop, val_loader, show: bool) -> bool:
 def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progress, signals: StopSignals):
     """The steps from loop.state.step to cfg.max_steps, or to an early or signalled stop: the
     summary, and the last checkpoint written."""
-    cfg, engine, state = loop.cfg, loop.engine, loop.state
+    cfg, engine, state, waits = loop.cfg, loop.engine, loop.state, loop.waits
     engine.model.train()
     skipped = torch.tensor(state.skipped_steps, device=loop.device)  # counted on the device: no sync
     started, first_step, stop, signum, saved = time.perf_counter(), state.step, False, 0, None
@@ -167,13 +154,13 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
         skipped += grad_norm.isfinite().logical_not()  # the scaler's own test: inf or NaN grads
         state.step += 1
         progress.update()
-        signum = any_rank_max(signals.signum)  # every rank stops at the same step
+        signum = distributed.any_rank_max(signals.signum)  # every rank stops at the same step
         last = state.step == cfg.max_steps
         save = state.step % cfg.ckpt_every == 0 or last or signum
         if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
-            loss = all_reduce_sum(loss) / loop.group.world_size  # the mean over every rank's examples
+            loss = distributed.all_reduce_sum(loss) / loop.group.world_size  # over every rank's examples
             log_train(loop, progress, loss.item(), lr, grad_norm.item(), int(skipped.item()))
-        loop.waits.steps += time.perf_counter() - step_started  # to the logging sync; not validation
+        waits.steps += time.perf_counter() - step_started  # to the logging sync; not validation
         if state.step % eval_every == 0 or last:
             # Every validation is recorded; its line printed at most once in --log-every steps (an
             # --eval-every below it validates more often), and the last and an early stop always.
@@ -193,7 +180,7 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
         "best_step": state.best_step,
         "seconds": seconds,
         "examples_per_s": examples / seconds if seconds > 0 else math.nan,
-        "data_wait_share": loop.waits.share(),  # of the steps' time
+        "data_wait_share": waits.data / waits.steps if waits.steps > 0 else math.nan,  # of the steps' time
         "stopped_by": signal.Signals(signum).name if signum else None,
         "exit_status": 128 + signum if signum else 0,
     }, saved
@@ -213,7 +200,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         engine = Engine(cfg, splits, device)
         store = open_run(cfg.run_dir, cfg.keep_last, group)  # a URL: staged here, pulled
         check_checkpoints_kept(store.local)
-        run = main_only(lambda: RunLog(store))  # rank 0 alone writes the records
+        run = distributed.main_only(lambda: RunLog(store))  # rank 0 alone writes the records
         checkpoints = CheckpointDir(store.local / "checkpoints", cfg.keep_last, main=group.is_main)
         loop = Loop(cfg, engine, splits, device, group, run, checkpoints, say)
         saved_rng = restore_run(loop)
@@ -225,8 +212,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         n_params = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
         say(f"model: {n_params:,} trainable parameters; device {device}, precision {PRECISION}")
         say(f"data: {splits.source}, {len(splits.train):,} train / {len(splits.val):,} val examples")
-        if group.world_size > 1:
-            say(f"ranks: {group.world_size}, {cfg.batch_size} examples each a micro-batch")
+        say(f"ranks: {group.world_size}, {cfg.batch_size} examples each a micro-batch")
         train_loader, val_loader, sampler = build_loaders(splits, cfg, device, group)
         eval_every, plan = validation_schedule(cfg, sampler)
         say(plan)

@@ -100,12 +100,11 @@ def restore(engine, path: Path, checkpoint: dict) -> None:
     one that does not fit the model (an edit changed its layers or shapes) is refused in one line."""
     try:
         engine.load_state_dict(checkpoint)
-    except (RuntimeError, KeyError, ValueError) as error:  # load_state_dict's, one line a mismatch
-        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
-        reason = "; ".join(lines[1:3] or lines[:1])  # the first mismatches, not the heading
+    except (RuntimeError, KeyError, ValueError) as error:  # load_state_dict's: a heading, a line a mismatch
+        first = "; ".join([line.strip() for line in str(error).splitlines() if line.strip()][1:3])
         raise CheckpointError(
-            f"checkpoint {path} does not load into this model ({reason}): resume with the model it"
-            " was trained with, or start a new --run-dir"
+            f"checkpoint {path} does not load into this model ({first or error}): resume with the model"
+            " it was trained with, or start a new --run-dir"
         ) from None
 
 

@@ -1,10 +1,15 @@
 """Machinery: what a run folder's past decides: a fresh start or the newest valid checkpoint
 restored, the settings a resume may not change, the decay's horizon when --max-steps moved, and
-what a checkpoint holds."""
+what a checkpoint holds: with the training objects, every global RNG's state, so that a resumed
+run draws the same dropout masks and noise as one that never stopped."""
 
 import math
+import random
 from dataclasses import asdict
 from pathlib import Path
+
+import numpy as np
+import torch
 
 from ..config import RESUME_FIXED, Config, ConfigError
 from ..data import Splits
@@ -12,7 +17,6 @@ from .checkpoint import restore
 from .distributed import all_gather, broadcast_buffers, resharding
 from .engine import PRECISION
 from .records import RunRecordError, read_metrics, read_record
-from .rng import rng_state
 from .runlog import run_record
 from .state import Loop, TrainState
 
@@ -67,6 +71,34 @@ def payload(loop: Loop) -> dict:
         "config": asdict(loop.cfg),
         "data": loop.splits.describe(),
     }
+
+
+def rng_state() -> dict:
+    numpy_state = np.random.get_state(legacy=False)
+    return {
+        "python": random.getstate(),
+        "numpy": {
+            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
+            "pos": numpy_state["state"]["pos"],
+            "has_gauss": numpy_state["has_gauss"],
+            "gauss": numpy_state["gauss"],
+        },
+        "torch": torch.get_rng_state(),
+    }
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    numpy_state = state["numpy"]
+    np.random.set_state(
+        {
+            "bit_generator": "MT19937",
+            "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
+            "has_gauss": numpy_state["has_gauss"],
+            "gauss": numpy_state["gauss"],
+        }
+    )
+    torch.set_rng_state(state["torch"])
 
 
 def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:

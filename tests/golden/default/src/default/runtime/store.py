@@ -104,8 +104,7 @@ class RunStore:
         kept, problems = {}, []
         for _, manifest in reversed(manifests):
             try:
-                for path, entry in manifest["files"].items():
-                    self.download(entry, folder / path)
+                self.download_all(manifest["files"], folder)  # and what this machine wrote past it, pruned
                 kept = manifest["files"]
                 break
             except StoreError as error:
@@ -113,7 +112,8 @@ class RunStore:
                 print(f"warning: {error}; trying the previous checkpoint", file=sys.stderr)
         if problems and not kept:
             raise StoreError(f"no usable checkpoint in {self.url}: {'; '.join(problems)}")
-        _prune(folder, kept.keys())  # what this machine wrote past the store's checkpoint
+        if not kept:
+            _prune(folder, ())  # a new run: nothing of this machine's earlier one stays
         for name in RECORDS:
             (self.local / name).unlink(missing_ok=True)
             if kept:

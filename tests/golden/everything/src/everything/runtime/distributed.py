@@ -224,12 +224,12 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def run_as_processes(processes: int) -> int | None:
-    """Outside torchrun, runs this very command again under torchrun (runtime/launch.py) as
-    `processes` processes, with a c10d rendezvous on this machine, and returns its exit status;
-    None inside torchrun."""
+def run_as_processes(processes: int, command) -> int:
+    """command()'s exit status on every rank inside torchrun; outside it, that of this very command
+    run again under torchrun (runtime/launch.py) as `processes` processes, with a c10d rendezvous
+    on this machine."""
     if "RANK" in os.environ:
-        return None
+        return command()
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]

@@ -1,25 +1,20 @@
 """Machinery: where a run is (what a checkpoint saves of the loop), what the loop's functions
 share, when it validates, and the stream of training batches that keeps its position current."""
 
-from __future__ import annotations
-
 import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+
+import torch
 
 from ..config import EVAL_EVERY_MAX, EVAL_EVERY_MIN, Config
+from ..data import Splits
+from .checkpoint import CheckpointDir
+from .distributed import Dist
+from .engine import Engine
 from .loader import EpochBatches, epoch_batches
-
-if TYPE_CHECKING:  # types only: each of these modules imports the loop's own
-    import torch
-
-    from ..data import Splits
-    from .checkpoint import CheckpointDir
-    from .distributed import Dist
-    from .engine import Engine
-    from .runlog import RunLog
+from .runlog import RunLog
 
 
 @dataclass
@@ -46,9 +41,6 @@ class Waits:
 
     data: float = 0.0
     steps: float = 0.0
-
-    def share(self) -> float:
-        return self.data / self.steps if self.steps > 0 else math.nan
 
 
 @dataclass

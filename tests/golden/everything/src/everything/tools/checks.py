@@ -216,14 +216,13 @@ def check_loader(cfg: Config) -> CheckResult:
 
 def run_checks(cfg: Config, which: str) -> int:
     """Runs one check or all of them; prints their lines (and the summary for `all`); exit code."""
-    exit_status = run_as_processes(2)  # several processes: resume then covers per-rank state
-    if exit_status is not None:
-        return exit_status
-    return _run(cfg, which, main=init_distributed(torch.device(cfg.device).type).is_main)
+    # as several processes where the project has them: resume then covers per-rank state
+    return run_as_processes(2, lambda: _run(cfg, which))
 
 
-def _run(cfg: Config, which: str, main: bool) -> int:
+def _run(cfg: Config, which: str) -> int:
     """Every rank runs the checks; rank 0 reports, and its exit status is the command's."""
+    main = init_distributed(torch.device(cfg.device).type).is_main
     say = print if main else lambda line: None
     work = staging_dir(cfg.run_dir).parent / "check"
     # What is checked, taken before the checks start: a commit made while they run is not theirs.
