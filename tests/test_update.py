@@ -335,14 +335,14 @@ def test_flat_project_moves_to_the_new_layout_with_its_edits(scaffold, tmp_path,
 
 def test_edit_of_a_moved_machinery_file_moves_with_it(scaffold, tmp_path, flat_project):
     """An edit of engine.py's setup reaches runtime/engine.py, where setup now is."""
-    kernels = "torch.use_deterministic_algorithms(True)"
-    edited = f"{kernels}  # bit-exact resume"
-    edit_and_commit(flat_project, [*USER_FILE_EDITS, ("src/demo/engine.py", kernels, edited)])
+    devices = '"cpu": True, "cuda": torch.cuda.is_available()'
+    edited = '"cpu": True, "cuda": torch.cuda.device_count() > 0'
+    edit_and_commit(flat_project, [*USER_FILE_EDITS, ("src/demo/engine.py", devices, edited)])
 
     ran = scaffold("update", flat_project)
 
     assert ran.exit_code == 0, ran.stdout + ran.stderr
-    moved = ("src/demo/runtime/engine.py", kernels, edited)
+    moved = ("src/demo/runtime/engine.py", devices, edited)
     assert files_of(flat_project) == new_project_with(tmp_path, [*USER_FILE_EDITS_NOW, moved])
 
 
