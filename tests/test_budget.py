@@ -1,11 +1,14 @@
 """The render budget and the answers' spread (scaffold/budget.py), held on the golden renders,
 which tests/test_golden.py keeps equal to a fresh render."""
 
+from pathlib import Path
+
 import pytest
 
 from scaffold import budget
-from scaffold.golden import GOLDEN_DIR
 from scaffold.questions import template_dir
+
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"  # this checkout's, installed or not
 
 
 def test_the_default_render_stays_within_its_budget():
