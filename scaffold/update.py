@@ -21,6 +21,7 @@ machine.
 from __future__ import annotations
 
 import os
+import subprocess
 import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -265,11 +266,16 @@ def _fast_forward(project: Path, moved: moves.Moved) -> None:
     """Move the current branch, index and files to the commit of the template's moves."""
     done = git.run(project, "merge", "-q", "--ff-only", "--no-autostash", moved.ours, check=False)
     if done.returncode != 0:
-        reason = (done.stderr.strip() or done.stdout.strip() or "no message").splitlines()
         raise ScaffoldError(
             f"git refused to move {'; '.join(moved.lines())} in {project} before the merge, "
-            "and nothing was changed: " + " ".join(line.strip() for line in reason)
+            f"and nothing was changed: {_git_says(done)}"
         )
+
+
+def _git_says(result: subprocess.CompletedProcess[str]) -> str:
+    """What git printed on refusing, in one line."""
+    lines = (result.stderr.strip() or result.stdout.strip() or "no message").splitlines()
+    return " ".join(line.strip() for line in lines)
 
 
 def _put_back(project: Path, head: str, kept: str) -> None:
@@ -305,10 +311,8 @@ def _merge(
     )  # fmt: skip
     in_progress = git.run(project, "rev-parse", "-q", "--verify", "MERGE_HEAD", check=False)
     if merged.returncode != 0 and in_progress.returncode != 0:
-        reason = (merged.stderr.strip() or merged.stdout.strip() or "no message").splitlines()
         raise ScaffoldError(
-            f"git merge refused to update {project}, and nothing was changed: "
-            + " ".join(line.strip() for line in reason)
+            f"git merge refused to update {project}, and nothing was changed: {_git_says(merged)}"
         )
     old = _local_pristine(project)
     git.run(project, "update-ref", "-m", "scaffold update", _PRISTINE_REF, pristine, old)
