@@ -5,7 +5,7 @@ store's newest checkpoint pulled into the staging folder first, or fetched for t
 from pathlib import Path
 
 from .distributed import Dist, stage_run
-from .store import RECORDS, RunStore, StoreError, cache_dir, fresh, is_url, top
+from .store import RECORDS, RunStore, StoreError, cache_dir, is_url, top
 
 
 def open_run(run_dir: str, keep_last: int, group: Dist) -> "LocalRun | RunStore":
@@ -23,9 +23,11 @@ def fetch_run(run_dir: str) -> str:
         return run_dir
     store = RunStore(run_dir)
     local = cache_dir(store.url, "reads")
+    local.mkdir(parents=True, exist_ok=True)
     with store.reaching("read"):
         for name in RECORDS:
-            store.fs.get_file(f"{store.root}/{name}", str(fresh(local / name)))
+            (local / name).unlink(missing_ok=True)  # no earlier copy read if this one fails
+            store.fs.get_file(f"{store.root}/{name}", str(local / name))
     return str(local)
 
 
@@ -57,9 +59,6 @@ class LocalRun:
         return str(path)
 
     def push(self, step: int) -> None:
-        pass
-
-    def wait(self) -> None:
         pass
 
     def close(self) -> None:

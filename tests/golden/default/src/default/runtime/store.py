@@ -130,23 +130,21 @@ class RunStore:
         return [(step, json.loads(self.fs.cat_file(path))) for step, path in steps]
 
     def download_all(self, files: dict, folder: Path) -> None:
-        """A manifest's `files` into `folder`, by their paths, and nothing else left there."""
+        """A manifest's `files` into `folder`, by their paths (a file there already with its digest
+        kept), and nothing else left there."""
         for path, entry in files.items():
-            self.download(entry, folder / path)
+            target = folder / path
+            if target.is_file() and file_digest(target) == entry["sha256"]:
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp = target.with_name(f".{target.name}.download")
+            with self.reaching("read"):
+                self.fs.get_file(f"{self.root}/checkpoints/{entry['stored']}", str(tmp))
+            if file_digest(tmp) != entry["sha256"]:
+                tmp.unlink()
+                raise StoreError(f"{self.url}/checkpoints/{entry['stored']} is damaged (not its digest)")
+            os.replace(tmp, target)
         _prune(folder, files.keys())
-
-    def download(self, entry: dict, target: Path) -> None:
-        """The stored file of a manifest's `entry` as `target`, unless it is there already."""
-        if target.is_file() and file_digest(target) == entry["sha256"]:
-            return
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = target.with_name(f".{target.name}.download")
-        with self.reaching("read"):
-            self.fs.get_file(f"{self.root}/checkpoints/{entry['stored']}", str(tmp))
-        if file_digest(tmp) != entry["sha256"]:
-            tmp.unlink()
-            raise StoreError(f"{self.url}/checkpoints/{entry['stored']} is damaged (not its digest)")
-        os.replace(tmp, target)
 
     def push(self, step: int) -> None:
         """Uploads the checkpoint of `step`, just written, and the records in the background. The
@@ -238,9 +236,3 @@ def _prune(folder: Path, keep) -> None:
                 path.rmdir()
         elif path.relative_to(folder).as_posix() not in keep:
             path.unlink()
-
-
-def fresh(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.unlink(missing_ok=True)
-    return path
