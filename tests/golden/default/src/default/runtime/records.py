@@ -11,7 +11,7 @@ from ..config import RESUME_FIXED
 
 
 class RunRecordError(RuntimeError):
-    """run.json is missing or is not a run record."""
+    """run.json is missing or is not a run record, or metrics.jsonl cannot be read."""
 
 
 NUMBER = int | float
@@ -102,27 +102,35 @@ def check_summary_path(run_dir: Path) -> Path:
     return run_dir.parent / "check" / "summary.json"  # beside the run: runs/check/
 
 
-def read_check_summary(run_dir: Path) -> dict | None:
-    """The latest `check all` summary beside the run, or None where there is none. A damaged one
-    is named in a warning and left out: it records the checks, not the run."""
+def read_checks(run_dir: Path, record: dict) -> tuple[dict | None, str | None]:
+    """The latest `check all` summary beside the run, where it checked the run of `record`; else
+    None, and what the last checks there ran on, if they ran. A damaged summary is named in a
+    warning and left out: it records the checks, not the run."""
     path = check_summary_path(run_dir)
     try:
         summary = json.loads(path.read_bytes())
     except FileNotFoundError:
-        return None
+        return None, None
     except (OSError, ValueError) as error:  # unreadable, not JSON, or not UTF-8
         print(f"warning: {path}: cannot be read ({error.__class__.__name__}); left out", file=sys.stderr)
-        return None
+        return None, None
     if _misshapen(summary, CHECK_SUMMARY_SHAPE):
         print(f"warning: {path} is damaged (not a check summary); left out", file=sys.stderr)
-        return None
-    return summary
+        return None, None
+    mismatch = checks_mismatch(summary, record)
+    if mismatch is None:
+        return summary, None
+    when, commit = summary.get("finished", "at an unknown time"), commit_label(summary.get("git", {}))
+    return None, f"the last checks ({path}, {when}, commit {commit}) ran on {mismatch}"
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
     """metrics.jsonl's records; lines that are not records are skipped, with a warning."""
     path = run_dir / "metrics.jsonl"
-    data = path.read_bytes()
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise RunRecordError(f"cannot read {path}: {error.strerror}") from None
     records, damaged = parse_metrics(data)
     if damaged:
         print(f"warning: {path}: {damaged_lines(damaged, data)} skipped", file=sys.stderr)

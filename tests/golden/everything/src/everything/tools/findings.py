@@ -6,15 +6,7 @@ loss_findings.py (the loss curves) and loop_findings.py (loading, the schedule, 
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..runtime.records import (
-    RunRecordError,
-    check_summary_path,
-    checks_mismatch,
-    commit_label,
-    read_check_summary,
-    read_metrics,
-    read_record,
-)
+from ..runtime.records import RunRecordError, read_checks, read_metrics, read_record
 
 MIN_TRAIN_RECORDS = 5  # fewer logged train steps than this say nothing about a curve
 
@@ -65,7 +57,7 @@ class Run:
     train: list[dict]  # metrics.jsonl's train records, in step order
     val: list[dict]
     summary: dict | None  # the check summary beside the run, if `check all` checked this run's code and data
-    other_checks: str | None = None  # else what the last checks there ran on, if they ran
+    other_checks: str | None  # else what the last checks there ran on, if they ran
 
     @property
     def config(self) -> dict:
@@ -79,15 +71,6 @@ def load_run(run_dir: str) -> Run:
         metrics = read_metrics(path)
     except RunRecordError as error:
         raise DiagnoseError(str(error)) from None
-    except OSError as error:
-        raise DiagnoseError(f"cannot read {path / 'metrics.jsonl'}: {error.strerror}") from None
     train = [r for r in metrics if r["split"] == "train"]
     val = [r for r in metrics if r["split"] == "val"]
-    summary = read_check_summary(path)
-    mismatch = checks_mismatch(summary, record) if summary is not None else None
-    if mismatch is None:
-        return Run(path, record, train, val, summary)
-    when = summary.get("finished", "at an unknown time")
-    commit = commit_label(summary.get("git", {}))
-    other = f"the last checks ({check_summary_path(path)}, {when}, commit {commit}) ran on {mismatch}"
-    return Run(path, record, train, val, None, other)
+    return Run(path, record, train, val, *read_checks(path, record))

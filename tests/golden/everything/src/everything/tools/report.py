@@ -9,7 +9,7 @@ also runs diagnose on it, whose leak test reads the run's data.
 
 from pathlib import Path
 
-from ..runtime.records import check_summary_path, commit_label, read_metrics
+from ..runtime.records import RunRecordError, check_summary_path, commit_label, read_metrics
 from .checks import sanity
 from .diagnose import diagnose, issues_fixed, unfinished
 from .findings import DiagnoseError, Run, load_run
@@ -28,7 +28,10 @@ def plot(run_dirs: list[str], output: str) -> Path:
         import matplotlib.pyplot as plt
     except ModuleNotFoundError:
         raise ReportError('plot needs matplotlib: pip install -e ".[plot]"') from None
-    runs = {run_dir: _metrics(Path(run_dir)) for run_dir in run_dirs}
+    try:
+        runs = {run_dir: read_metrics(Path(run_dir)) for run_dir in run_dirs}
+    except RunRecordError as error:
+        raise ReportError(str(error)) from None
     names = {k for records in runs.values() for r in records if r["split"] == "val" for k in r}
     extra = sorted(names - {"step", "split", "loss"})  # the task's validation metrics
     fig, axes = plt.subplots(1, 1 + len(extra), figsize=(5 * (1 + len(extra)), 4), squeeze=False)
@@ -99,10 +102,3 @@ def issues(after: Run, before: Run | None) -> list[str]:
             fixed = [f"**Issues fixed:** not judged: {why}; compare a run that ran its course"]
         lines += fixed or [f"**Issues fixed:** none since {before.dir}"]
     return lines
-
-
-def _metrics(run: Path) -> list[dict]:
-    try:
-        return read_metrics(run)
-    except OSError as error:
-        raise ReportError(f"cannot read {run / 'metrics.jsonl'}: {error.strerror}") from None
