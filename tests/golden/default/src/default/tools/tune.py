@@ -19,9 +19,9 @@ from ..config import Config
 from ..data import load_splits
 from ..runtime import device as hardware
 from ..runtime.engine import Engine, setup
-from ..runtime.loader import EpochDataset, build_loaders
-from ..runtime.state import TrainState, micro_batches
+from ..runtime.loader import EpochDataset
 from ..train import train_step
+from .timing import fresh_training
 
 LR_START = 1e-7  # far below any useful rate: the curve starts flat
 LR_END = 10.0  # far above: AdamW diverges well before it
@@ -36,11 +36,7 @@ TIMED_STEPS = 3  # steps timed at each batch size, after one untimed
 
 def lr_range(cfg: Config, steps: int = RANGE_STEPS) -> list[tuple[float, float]]:
     """(learning rate, smoothed loss) for each step of the sweep, until the loss diverges."""
-    device, _ = setup(cfg)
-    splits = load_splits(cfg)
-    engine = Engine(cfg, splits, device)
-    loader, _, sampler = build_loaders(splits, cfg, device)
-    batches = micro_batches(loader, sampler, TrainState())
+    device, _, engine, batches = fresh_training(cfg)
     engine.model.train()
     points, average, best = [], 0.0, math.inf
     for i in range(steps):

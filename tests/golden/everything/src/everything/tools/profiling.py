@@ -20,14 +20,11 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..config import Config
-from ..data import load_splits
 from ..model import compute_loss
 from ..runtime.device import mfu, profiler_view, synchronize
-from ..runtime.engine import PRECISION, Engine, setup
-from ..runtime.loader import build_loaders
-from ..runtime.state import TrainState, micro_batches
+from ..runtime.engine import PRECISION, Engine
 from ..train import train_step
-from .timing import LOADER_WARN_SHARE
+from .timing import LOADER_WARN_SHARE, fresh_training, seconds_each
 
 PHASES = ("data", "copy", "forward", "backward", "optimizer")
 WARMUP_STEPS = 5  # compilation, the allocator and the loader workers settle before any timing
@@ -58,20 +55,10 @@ class PhaseTimer:
 
 def profile(cfg: Config, output: str) -> str:
     """Runs the three passes; the lines to print. Writes the trace under `output`."""
-    device, _ = setup(cfg)
-    splits = load_splits(cfg)
-    loader, _, sampler = build_loaders(splits, cfg, device)
-    batches = micro_batches(loader, sampler, TrainState())
-    engine = Engine(cfg, splits, device)
+    device, _, engine, batches = fresh_training(cfg)
 
     def steps(count: int, **mark) -> float:
-        """Seconds per step over `count` steps, the device synchronised at the end."""
-        synchronize(device)
-        start = time.perf_counter()
-        for _ in range(count):
-            train_step(engine, batches, cfg, device, **mark)
-        synchronize(device)
-        return (time.perf_counter() - start) / count
+        return seconds_each(lambda: train_step(engine, batches, cfg, device, **mark), count, device)
 
     steps(WARMUP_STEPS)
     timer = PhaseTimer(device)

@@ -3,7 +3,9 @@
 import itertools
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
@@ -33,28 +35,43 @@ class LoaderTiming:
     gpu_util: str  # the GPU's mean utilisation over that window, or n/a where none is read
 
 
-def time_loader(cfg: Config) -> LoaderTiming:
+def fresh_training(cfg: Config):
+    """The device, the data, a fresh engine and its endless training batches, built as `train`
+    builds them, for the tools that time or sweep training steps (no run folder is written)."""
     device, _ = setup(cfg)
     splits = load_splits(cfg)
     loader, _, sampler = build_loaders(splits, cfg, device)
-    batches = micro_batches(loader, sampler, TrainState())
+    return device, splits, Engine(cfg, splits, device), micro_batches(loader, sampler, TrainState())
+
+
+def seconds_each(run: Callable[[], object], count: int, device: torch.device) -> float:
+    """Seconds per call of `run` over `count` calls, the device's queued work waited for at both ends."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in range(count):
+        run()
+    synchronize(device)
+    return (time.perf_counter() - start) / count
+
+
+def time_loader(cfg: Config) -> LoaderTiming:
+    device, splits, engine, batches = fresh_training(cfg)
     for _ in range(10):  # start the workers and fill their queues
         next(batches)
-    load_per_batch = min(_time_batches(batches, LOADER_BATCHES // ROUNDS) for _ in range(ROUNDS))
+    draw = partial(next, batches)
+    load_per_batch = min(seconds_each(draw, LOADER_BATCHES // ROUNDS, device) for _ in range(ROUNDS))
     by_workers = samples_per_s_by_workers(splits, cfg, device)
 
-    engine = Engine(cfg, splits, device)
-
-    def step(source):
-        return train_step(engine, source, cfg, device)
+    def steps(source, count: int) -> float:
+        return seconds_each(lambda: train_step(engine, source, cfg, device), count, device)
 
     on_device = [tuple(t.to(device) for t in next(batches)) for _ in range(cfg.grad_accum_steps)]
     fixed = itertools.cycle(on_device)
-    _time_steps(step, fixed, device, 3)  # warm-up (and compilation)
-    compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
+    steps(fixed, 3)  # warm-up (and compilation)
+    compute = min(steps(fixed, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
     waits = Waits()  # waited() adds each batch's wait to waits.data
     loading = waited(batches, waits)
-    window, gpu_util = sample_utilization(device, lambda: _time_steps(step, loading, device, WINDOW_STEPS))
+    window, gpu_util = sample_utilization(device, lambda: steps(loading, WINDOW_STEPS))
     return LoaderTiming(
         load_per_step=load_per_batch * cfg.grad_accum_steps,
         samples_per_s_alone=cfg.batch_size / load_per_batch,
@@ -83,25 +100,7 @@ def samples_per_s_by_workers(splits, cfg: Config, device: torch.device) -> dict[
         loader, _, sampler = build_loaders(splits, tried, device)
         batches = micro_batches(loader, sampler, TrainState())
         next(batches)  # the workers start
-        rates[workers] = cfg.batch_size / _time_batches(batches, SWEEP_BATCHES)
+        rates[workers] = cfg.batch_size / seconds_each(partial(next, batches), SWEEP_BATCHES, device)
         batches.close()
         close(loader)
     return rates
-
-
-def _time_batches(batches, count: int) -> float:
-    """Seconds per batch drawn from the loader alone."""
-    start = time.perf_counter()
-    for _ in range(count):
-        next(batches)
-    return (time.perf_counter() - start) / count
-
-
-def _time_steps(step, batches, device: torch.device, count: int) -> float:
-    """Seconds per optimizer step."""
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(count):
-        step(batches)
-    synchronize(device)
-    return (time.perf_counter() - start) / count
