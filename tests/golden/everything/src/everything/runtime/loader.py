@@ -178,26 +178,20 @@ def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None 
             " processes: lower --batch-size"
         )
     val_batches = [(0, b) for b in validation_batches(len(splits.val), cfg.batch_size, group)]
-    common = {
-        "collate_fn": _as_read,
-        "num_workers": cfg.num_workers,
-        "pin_memory": device.type == "cuda",  # page-locked batches make non_blocking copies async
-        "persistent_workers": cfg.num_workers > 0,
-        "prefetch_factor": 4 if cfg.num_workers > 0 else None,
-        "worker_init_fn": seed_worker,
-    }
-    # Each loader has its own generator: a loader without one draws worker seeds from the global
-    # RNG whenever an iterator starts, and a resumed run would then drift from the original.
-    train = DataLoader(
-        EpochDataset(splits.train),
-        batch_sampler=batches,
-        generator=torch.Generator().manual_seed(cfg.seed),
-        **common,
-    )
-    val = DataLoader(
-        EpochDataset(splits.val),
-        batch_sampler=val_batches,
-        generator=torch.Generator().manual_seed(cfg.seed),
-        **common,
-    )
-    return train, val, batches
+
+    def loader(split, batch_sampler) -> DataLoader:
+        # Each loader has its own generator: a loader without one draws worker seeds from the
+        # global RNG whenever an iterator starts, and a resumed run would then drift from the original.
+        return DataLoader(
+            EpochDataset(split),
+            batch_sampler=batch_sampler,
+            generator=torch.Generator().manual_seed(cfg.seed),
+            collate_fn=_as_read,
+            num_workers=cfg.num_workers,
+            pin_memory=device.type == "cuda",  # page-locked batches make non_blocking copies async
+            persistent_workers=cfg.num_workers > 0,
+            prefetch_factor=4 if cfg.num_workers > 0 else None,
+            worker_init_fn=seed_worker,
+        )
+
+    return loader(splits.train, batches), loader(splits.val, val_batches), batches
