@@ -76,46 +76,37 @@ def _train_then_resume(base: Config, work: Path, n: int) -> tuple[Path, Path]:
     train(replace(base, run_dir=str(first)), quiet=True)
     barrier()  # rank 0 has written everything
     if is_main:
-        _as_crashed(first, second, n)
+        shutil.copytree(first, second)
+        for path in (second / "checkpoints").iterdir():
+            if path.name != step_name(n):
+                remove(path)
     barrier()
-    _scramble_global_rngs()
-    train(replace(base, run_dir=str(second)), quiet=True)
-    barrier()
-    return first, second
-
-
-def _as_crashed(first: Path, second: Path, n: int) -> None:
-    shutil.copytree(first, second)
-    for path in (second / "checkpoints").iterdir():
-        if path.name != step_name(n):
-            remove(path)
-
-
-def _scramble_global_rngs() -> None:
-    """So that the resumed run passes only if it restores every RNG state from its checkpoint."""
-    noise = int.from_bytes(os.urandom(4), "little")
+    noise = int.from_bytes(os.urandom(4), "little")  # the resumed run must restore every RNG state
     random.seed(noise)
     np.random.seed(noise)
     torch.manual_seed(noise)
+    train(replace(base, run_dir=str(second)), quiet=True)
+    barrier()
+    return first, second
 
 
 def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tuple[bool, bool, str]:
     """Whether the resumed run's steps N+1 to 2N, its validations and its final model and optimizer
     equal the uninterrupted run's; whether they covered a mid-epoch checkpoint, an epoch boundary and
     a validation; and the numbers behind both."""
-    expected = [r["loss"] for r in read_metrics(first) if r["split"] == "train"]
-    got = [r["loss"] for r in read_metrics(second) if r["split"] == "train"]
+
+    def losses(run: Path, split: str, after: int = 0) -> list[float]:
+        return [r["loss"] for r in read_metrics(run) if r["split"] == split and r["step"] > after]
+
+    expected, got = losses(first, "train"), losses(second, "train")
+    val_expected, val_got = losses(first, "val", n), losses(second, "val", n)  # the runs end at step 2N
     end = Path("checkpoints") / step_name(2 * n)
     a, b = load(first / end), load(second / end)
     same_state = _equal(a["model"], b["model"]) and _equal(a["optimizer"], b["optimizer"])
     equal = sum(x == y for x, y in zip(expected[n:], got[n:], strict=False))
-    val_expected, val_got = (
-        [r["loss"] for r in read_metrics(run) if r["split"] == "val" and r["step"] > n]
-        for run in (first, second)
-    )
     at_n = load(second / "checkpoints" / step_name(n))["state"]
     crossed = b["state"]["epoch"] - at_n["epoch"]
-    validations = sum(1 for r in read_metrics(second) if r["split"] == "val" and n < r["step"] <= 2 * n)
+    validations = len(val_got)
     where = f"micro-batch {at_n['batch_in_epoch']} of epoch {at_n['epoch']}"
     covered = crossed > 0 and validations > 0 and (at_n["batch_in_epoch"] > 0 or not mid_epoch_possible)
     detail = (
