@@ -24,9 +24,7 @@ from ..config import Config
 from .records import RunRecordError, damaged_lines, parse_metrics, read_record
 from .rundir import LocalRun
 from .stopping import RunLock
-from .store import RunStore
-
-PROJECT = "default"
+from .store import PROJECT, RunStore
 
 
 class RunDirError(RuntimeError):

@@ -44,8 +44,7 @@ def find_schedule(run: Run) -> list[Finding]:
     if last["step"] < cfg["warmup_steps"]:
         evidence = (
             f"lr {last['lr']:.3g} at the last step {last['step']}, {last['lr'] / cfg.get('lr', peak):.0%} "
-            f"of the way up"
-            f" a {cfg['warmup_steps']}-step warmup"
+            f"of the way up a {cfg['warmup_steps']}-step warmup"
         )
         return [Finding("lr-in-warmup", evidence, last["step"])]
     after = [r for r in train if r["step"] > cfg["warmup_steps"]]

@@ -137,13 +137,12 @@ def leak_share(run: Run) -> tuple[int, int] | None:
     except (ConfigError, DataError, OSError, TypeError):
         return None
 
-    def hashes(dataset) -> set[bytes]:
+    def hashes(dataset) -> list[bytes]:
         n = min(len(dataset), LEAK_MAX_EXAMPLES)
-        return {hashlib.blake2b(dataset[i][0].numpy().tobytes(), digest_size=16).digest() for i in range(n)}
+        return [hashlib.blake2b(dataset[i][0].numpy().tobytes(), digest_size=16).digest() for i in range(n)]
 
-    train, n_val = hashes(splits.train), min(len(splits.val), LEAK_MAX_EXAMPLES)
-    val = [hashlib.blake2b(splits.val[i][0].numpy().tobytes(), digest_size=16).digest() for i in range(n_val)]
-    return sum(h in train for h in val), n_val
+    train, val = set(hashes(splits.train)), hashes(splits.val)
+    return sum(h in train for h in val), len(val)
 
 
 def find_spiky(run: Run) -> list[Finding]:

@@ -25,10 +25,8 @@ from ..config import Config
 from .records import RunRecordError, damaged_lines, parse_metrics, read_record
 from .rundir import LocalRun
 from .stopping import RunLock
-from .store import RunStore
+from .store import PROJECT, RunStore
 from .tracking import Tracker
-
-PROJECT = "everything"
 
 
 class RunDirError(RuntimeError):
