@@ -83,19 +83,15 @@ def time_loader(cfg: Config) -> LoaderTiming:
     )
 
 
-def worker_counts(configured: int) -> list[int]:
-    """The worker counts to try: none, powers of two up to the CPU count, and the configured one."""
-    cpus = os.cpu_count() or 1
-    return sorted({0, configured} | {2**k for k in range(cpus.bit_length())})
-
-
 def samples_per_s_by_workers(splits, cfg: Config, device: torch.device) -> dict[int, float]:
-    """The loader alone with each of worker_counts(): samples/s by --num-workers. Tried only when
-    the loader uses workers (a loader of in-memory tensors is fastest without: {} then)."""
+    """The loader alone with no workers, powers of two up to the CPU count and the configured number:
+    samples/s by --num-workers. Tried only when the loader uses workers (a loader of in-memory
+    tensors is fastest without: {} then)."""
     if cfg.num_workers == 0:
         return {}
+    cpus = os.cpu_count() or 1
     rates = {}
-    for workers in worker_counts(cfg.num_workers):
+    for workers in sorted({0, cfg.num_workers} | {2**k for k in range(cpus.bit_length())}):
         tried = replace(cfg, num_workers=workers)
         loader, _, sampler = build_loaders(splits, tried, device)
         batches = micro_batches(loader, sampler, TrainState())
