@@ -147,8 +147,7 @@ def parse_metrics(data: bytes) -> tuple[list[dict], list[int]]:
         try:
             record = json.loads(line)
         except ValueError:  # torn by a crash, or not UTF-8
-            damaged.append(number)
-            continue
+            record = None
         if _is_record(record):
             records.append(record)
         else:

@@ -34,19 +34,18 @@ def plot(run_dirs: list[str], output: str) -> Path:
         raise ReportError(str(error)) from None
     names = {k for records in runs.values() for r in records if r["split"] == "val" for k in r}
     extra = sorted(names - {"step", "split", "loss"})  # the task's validation metrics
-    fig, axes = plt.subplots(1, 1 + len(extra), figsize=(5 * (1 + len(extra)), 4), squeeze=False)
+    fig, (axes,) = plt.subplots(1, 1 + len(extra), figsize=(5 * (1 + len(extra)), 4), squeeze=False)
     for i, (run_dir, records) in enumerate(runs.items()):
         color = f"C{i}"  # one colour a run: train solid, validation dashed with markers
         for split, style in (("train", "-"), ("val", "o--")):
             points = [(r["step"], r["loss"]) for r in records if r["split"] == split]
             if points:
-                label = f"{run_dir} {split}"
-                axes[0][0].plot(*zip(*points, strict=True), style, color=color, ms=3, label=label)
-        for ax, name in zip(axes[0][1:], extra, strict=True):
+                axes[0].plot(*zip(*points, strict=True), style, color=color, ms=3, label=f"{run_dir} {split}")
+        for ax, name in zip(axes[1:], extra, strict=True):
             points = [(r["step"], r[name]) for r in records if r["split"] == "val" and name in r]
             if points:
                 ax.plot(*zip(*points, strict=True), "o--", color=color, ms=3, label=run_dir)
-    for ax, name in zip(axes[0], ["loss", *(f"val {name}" for name in extra)], strict=True):
+    for ax, name in zip(axes, ["loss", *(f"val {name}" for name in extra)], strict=True):
         ax.set_xlabel("step")
         ax.set_title(name)
         ax.legend(fontsize="small")
@@ -72,9 +71,8 @@ def report(run_dir: str, since: str | None = None) -> str:
         lines.append(f"**Sanity:** {sanity(run.summary)} ({check_summary_path(run.dir)})")
         share = f"{run.summary['loader_share']:.1%}"
     else:
-        why = "not checked yet"
-        if run.other_checks:
-            why = f"not checked on this run's code and data: {run.other_checks}"
+        other = f"not checked on this run's code and data: {run.other_checks}"
+        why = other if run.other_checks else "not checked yet"
         lines.append(f"**Sanity:** {why}: python -m {__package__.rpartition('.')[0]} check all")
         share = "n/a"
     finished = record.get("finished")
