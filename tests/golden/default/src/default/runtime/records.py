@@ -41,8 +41,7 @@ def read_record(run_dir: Path) -> dict:
         raise RunRecordError(f"{path} is damaged (not JSON)") from None
     if not isinstance(record, dict):
         raise RunRecordError(f"{path} is damaged (not a run record)")
-    wrong = _misshapen(record, RECORD_SHAPE)
-    if wrong:
+    if wrong := _misshapen(record, RECORD_SHAPE):
         shown = ", ".join(wrong[:5]) + (", ..." if len(wrong) > 5 else "")
         raise RunRecordError(f"{path} is damaged (no valid {shown})")
     return record

@@ -158,8 +158,7 @@ def close(loader: DataLoader) -> None:
 
 
 def seed_worker(worker_id: int) -> None:
-    """Seeds a loader worker's Python and NumPy from the seed torch gave it; leaves stopping to the
-    main process."""
+    """Seeds a loader worker's Python and NumPy from torch's seed for it; stopping is the main process's."""
     ignore_stop_signals()
     seed = torch.initial_seed() % 2**32
     random.seed(seed)
