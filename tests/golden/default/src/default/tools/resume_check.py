@@ -26,9 +26,8 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
     checked to hold all of that, so every piece of state a resume needs is exercised.
     """
     splits = load_splits(cfg)
-    world_size = init_distributed(torch.device(cfg.device).type).world_size
     # 3k + 1 micro-batches an epoch for k of them a step: checkpoints then fall mid-epoch.
-    per_batch = cfg.batch_size * world_size
+    per_batch = cfg.batch_size * init_distributed(torch.device(cfg.device).type).world_size
     micro_per_epoch = min(training_examples(splits, cfg) // per_batch, 3 * cfg.grad_accum_steps + 1)
     n, mid_epoch_possible = _resume_point(micro_per_epoch, cfg.grad_accum_steps)
     base = replace(

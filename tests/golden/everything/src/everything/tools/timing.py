@@ -70,8 +70,7 @@ def time_loader(cfg: Config) -> LoaderTiming:
     steps(fixed, 3)  # warm-up (and compilation)
     compute = min(steps(fixed, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
     waits = Waits()  # waited() adds each batch's wait to waits.data
-    loading = waited(batches, waits)
-    window, gpu_util = sample_utilization(device, lambda: steps(loading, WINDOW_STEPS))
+    window, gpu_util = sample_utilization(device, lambda: steps(waited(batches, waits), WINDOW_STEPS))
     return LoaderTiming(
         load_per_step=load_per_batch * cfg.grad_accum_steps,
         samples_per_s_alone=cfg.batch_size / load_per_batch,
@@ -92,8 +91,7 @@ def samples_per_s_by_workers(splits, cfg: Config, device: torch.device) -> dict[
     cpus = os.cpu_count() or 1
     rates = {}
     for workers in sorted({0, cfg.num_workers} | {2**k for k in range(cpus.bit_length())}):
-        tried = replace(cfg, num_workers=workers)
-        loader, _, sampler = build_loaders(splits, tried, device)
+        loader, _, sampler = build_loaders(splits, replace(cfg, num_workers=workers), device)
         batches = micro_batches(loader, sampler, TrainState())
         next(batches)  # the workers start
         rates[workers] = cfg.batch_size / seconds_each(partial(next, batches), SWEEP_BATCHES, device)
