@@ -79,8 +79,7 @@ class RunLog:
             print(f"warning: {error}: rebuilt from this command's settings", file=sys.stderr)
             self.record = {**record, "rebuilt_at_step": step}
         restart = {"at_step": step, "checkpoint": self.store.name(path), "git": git_state()}
-        restart["command"] = sys.argv
-        restart["source_digest"] = source_digest()  # the code that runs from here
+        restart |= {"command": sys.argv, "source_digest": source_digest()}  # the code that runs from here
         self.record.setdefault("resumed", []).append({**restart, "time": now_utc()})
         write_json_atomically(self.run_json, self.record)
         self._open_metrics()
