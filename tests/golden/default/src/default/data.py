@@ -161,7 +161,8 @@ def synthetic_data(n: int = 4096, n_features: int = 16, n_classes: int = 4):
 
 TARGET_NAME = "label"
 # A label with more classes than this share of the training rows, or more than MAX_NUMBER_CLASSES
-# numbers other than 0..K-1 or 1..K, is likelier a measurement (a price) or an id than classes.
+# numbers that are not class indices (from 0 or 1, gaps in under half of the range), is likelier a
+# measurement (a price, a weight) or an id than classes.
 MAX_CLASS_SHARE = 0.1
 MAX_NUMBER_CLASSES = 20
 
@@ -284,7 +285,7 @@ def class_indices(table: "Table", train_idx: np.ndarray, cfg: Config) -> tuple[n
         lookup[seen] = np.arange(len(seen))
         y = lookup[label.values]
         classes = [label.names[code] for code in seen]
-    numbers = label.names is None and not (seen[0] in (0, 1) and seen[-1] - seen[0] == len(seen) - 1)
+    numbers = label.names is None and not (seen[0] in (0, 1) and seen[-1] < 2 * len(seen))  # not indices
     many = len(classes) > MAX_CLASS_SHARE * len(train_idx) or (numbers and len(classes) > MAX_NUMBER_CLASSES)
     if many and not cfg.many_classes:
         which = "" if cfg.label else " (the last column: no --label given)"

@@ -140,7 +140,7 @@ class Splits:
 
     def trains_on(self) -> str:
         """What the model learns, in a few words: the first lines of a run say it."""
-        return f"{self.train.inputs.shape[1]} input features, a real target"
+        return f"real targets from inputs of width {self.train.inputs.shape[1]}"
 
 
 def load_splits(cfg: Config) -> Splits:
