@@ -113,14 +113,12 @@ def _sniff(path: Path) -> tuple[str, str]:
     decimal point: a comma where, in the first lines, more numbers are written 1,5 than 1.5."""
     with path.open("rb") as f:
         head = f.read(1 << 16).decode("utf-8", "replace")
-    header = re.sub(r'"[^"]*"', "", head.split("\n", 1)[0])
-    sep = max(SEPARATORS, key=header.count)
-    if sep == ",":
-        return sep, "."
+    sep = max(SEPARATORS, key=re.sub(r'"[^"]*"', "", head.split("\n", 1)[0]).count)
     fields = [field.strip() for field in re.split(f"[{re.escape(sep)}\n]", head)]
     commas, points = (sum(bool(re.fullmatch(rf"-?\d+{p}\d+", f)) for f in fields) for p in (",", r"\."))
-    point = "," if commas > points else "."
-    note(f"{path}: fields separated by {sep!r}" + (", decimal comma" if point == "," else ""))
+    point = "," if sep != "," and commas > points else "."
+    if sep != ",":
+        note(f"{path}: fields separated by {sep!r}" + (", decimal comma" if point == "," else ""))
     return sep, point
 
 
