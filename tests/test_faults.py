@@ -586,10 +586,10 @@ MALFORMED = {
     "npz-without-x": ("d.npz", _npz(y=np.zeros(10)), "d.npz: missing array(s) x"),
     "npz-1d-x": ("d.npz", _npz(x=np.zeros(10), y=np.zeros(10)), "need x of shape (N, F)"),
     "npz-text-x": ("d.npz", _npz(x=np.array([["a"]] * 9), y=np.zeros(9)), "must be numeric"),
-    "empty-column": (
+    "empty-label": (
         "d.csv",
-        _bytes(b"a,b,label\n1,,0\n2,,1\n"),
-        "d.csv: column 'b' has no values",
+        _bytes(b"a,b,label\n1,2,\n2,3,\n"),
+        "d.csv: 'label' (the last column: no --label given) has no values: name the column",
     ),
     "ragged-row": (
         "d.csv",

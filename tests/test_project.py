@@ -292,7 +292,7 @@ def test_learns_a_csv_and_an_npz_file(project, tmp_path):
             ("--label", "species"),
             "no column 'species' (--label)",
         ),
-        ("bad.csv", "a,b,label\n1,,0\n2,,1\n", (), "bad.csv: column 'b' has no values"),
+        ("bad.csv", "a,b,label\n1,2,\n3,4,\n", (), "bad.csv: 'label' (the last column: no --label"),
         ("bad.parquet", "a,b\n1,2\n", (), "bad.parquet: not a readable Parquet file"),
     ],
     ids=[
@@ -302,7 +302,7 @@ def test_learns_a_csv_and_an_npz_file(project, tmp_path):
         "one-class",
         "no-header",
         "no-label-column",
-        "empty-column",
+        "empty-label",
         "not-parquet",
     ],
 )

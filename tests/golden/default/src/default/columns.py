@@ -1,14 +1,18 @@
 """Yours to edit: how a table's columns become features, with statistics of the training split only.
 
 A column is typed by its content. Numbers are standardised, the training median filled in where a
-value is missing, with a missing-indicator feature where the training split had gaps. Text is
+value is missing, with a missing-indicator feature where the training split had gaps. Dates and
+times (ISO text, or Parquet's types) are numbers, days since 1970, beside their DATE_PARTS. Text is
 one-hot over its MAX_LEVELS commonest training values, plus an "(other)" feature for rarer values
 and for those training never saw. A text or whole-number column unique on every row is an id: left
-out of the features, kept beside `predict`'s outputs. The fitted encoding is plain data (a list of
-dicts): every checkpoint holds it, `inspect-data` shows it, `predict` applies it to new rows.
+out of the features, kept beside `predict`'s outputs; text distinct on nearly every row is left out
+too. The fitted encoding is plain data (a list of dicts): every checkpoint holds it, `inspect-data`
+shows it, `predict` applies it to new rows. A CSV's separator is read off its header row.
 """
 
+import contextlib
 import os
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +29,15 @@ import pyarrow.parquet as pq
 # inventing an order. A column of thousands of levels (a city, a product) wants an embedding.
 MAX_LEVELS = 32
 OTHER = "(other)"
+NEAR_UNIQUE = 0.9  # text distinct on this share of rows names them (a comment, a timestamp): left out
+SEPARATORS = ",;\t|"  # a CSV's is the commonest of these in its header row
+# A date's parts beside its day count, from days since 1970 (a Thursday), each scaled to about [-1, 1]:
+# seasons, weekly cycles and hours of the day that a single day count cannot show an MLP.
+DATE_PARTS = {
+    "month": lambda days: (np.floor(days).astype("M8[D]").astype("M8[M]").astype(int) % 12 - 5.5) / 5.5,
+    "weekday": lambda days: ((np.floor(days) + 3) % 7 - 3) / 3,
+    "hour": lambda days: (days % 1 * 24 - 11.5) / 11.5,
+}
 SUFFIXES = (".csv", ".parquet")
 
 
@@ -41,6 +54,7 @@ class Column:
     values: np.ndarray  # (N,) float64 numbers, or int64 codes of text
     names: list[str] | None = None  # text only: the distinct values
     whole: bool = False  # numbers only: read as integers
+    date: bool = False  # numbers only: days since 1970-01-01, the time of day their fraction
 
     def missing(self) -> np.ndarray:
         return np.isnan(self.values) if self.names is None else self.values < 0
@@ -50,6 +64,10 @@ class Column:
         if self.names is not None:
             return len(self.names) == len(self.values) and not self.missing().any()
         return self.whole and len(np.unique(self.values)) == len(self.values)
+
+    def near_unique(self) -> bool:
+        """Text distinct on nearly every row: one-hot, each level a row or two, nothing to learn from."""
+        return self.names is not None and len(self.names) >= NEAR_UNIQUE * len(self.values)
 
 
 def check_file(path: Path, suffixes: tuple[str, ...]) -> None:
@@ -71,7 +89,9 @@ def read_table(path: Path, types: dict[str, str] | None = None) -> pa.Table:
         if path.suffix == ".parquet":
             table = pq.read_table(path)
         else:  # "", "NA", "null", "nan" and the like are gaps, in text columns too
-            table = pa_csv.read_csv(path, convert_options=pa_csv.ConvertOptions(strings_can_be_null=True))
+            sep, point = _sniff(path)
+            convert = pa_csv.ConvertOptions(strings_can_be_null=True, decimal_point=point)
+            table = pa_csv.read_csv(path, pa_csv.ReadOptions(), pa_csv.ParseOptions(delimiter=sep), convert)
     except (pa.ArrowInvalid, OSError) as error:
         raise DataError(f"{path}: {_reading_error(path, error)}") from None
     names = table.column_names
@@ -88,6 +108,20 @@ def read_table(path: Path, types: dict[str, str] | None = None) -> pa.Table:
     return table
 
 
+def _sniff(path: Path) -> tuple[str, str]:
+    """The separator (the commonest of SEPARATORS in the header row, quoted names aside) and the
+    decimal point: a comma where, in the first lines, more numbers are written 1,5 than 1.5."""
+    with path.open("rb") as f:
+        head = f.read(1 << 16).decode("utf-8", "replace")
+    sep = max(SEPARATORS, key=re.sub(r'"[^"]*"', "", head.split("\n", 1)[0]).count)
+    fields = [field.strip() for field in re.split(f"[{re.escape(sep)}\n]", head)]
+    commas, points = (sum(bool(re.fullmatch(rf"-?\d+{p}\d+", f)) for f in fields) for p in (",", r"\."))
+    point = "," if sep != "," and commas > points else "."
+    if sep != ",":
+        note(f"{path}: fields separated by {sep!r}" + (", decimal comma" if point == "," else ""))
+    return sep, point
+
+
 def _reading_error(path: Path, error: Exception) -> str:
     message = str(error).splitlines()[0]
     if path.suffix == ".parquet":
@@ -100,8 +134,9 @@ def _reading_error(path: Path, error: Exception) -> str:
 
 
 def _cast(path: Path, column: pa.ChunkedArray, name: str, kind: str) -> pa.ChunkedArray:
+    types = {"number": pa.float64(), "date": pa.timestamp("ms"), "text": pa.string()}
     try:
-        return pc.cast(column, pa.float64() if kind == "number" else pa.string())
+        return pc.cast(column, types[kind], safe=False)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
         raise DataError(f"{path}: column {name!r} was {kind} in training: {error}") from None
 
@@ -115,26 +150,28 @@ def _is_number(cell: str) -> bool:
 
 
 def table_columns(path: Path, table: pa.Table, only: set[str] | None = None) -> list[Column]:
-    """Every column (or those named in `only`, gaps allowed: rows to predict) as numbers or text;
-    a column of training data without a single value is refused."""
+    """Every column (or those named in `only`: rows to predict, typed as training read them) as
+    numbers, dates or text; text of training data that is all ISO dates or times is dates."""
     columns = []
     for name, chunked in zip(table.column_names, table.columns, strict=True):
         if only is not None and name not in only:
             continue
+        if only is None and pa.types.is_string(chunked.type):  # text of ISO dates or times: dates
+            with contextlib.suppress(pa.ArrowInvalid):
+                chunked = pc.cast(chunked, pa.timestamp("ms"), safe=False)
         kind = chunked.type
-        if pa.types.is_integer(kind) or pa.types.is_floating(kind) or pa.types.is_boolean(kind):
+        if pa.types.is_timestamp(kind) or pa.types.is_date(kind):  # milliseconds since 1970, as days
+            stamps = pc.cast(pc.cast(chunked, pa.timestamp("ms"), safe=False), pa.int64())
+            column = Column(name, pc.cast(stamps, pa.float64()).to_numpy() / 86_400_000, date=True)
+        elif pa.types.is_integer(kind) or pa.types.is_floating(kind) or kind in (pa.bool_(), pa.null()):
             values = pc.cast(chunked, pa.float64()).to_numpy()  # nulls become NaN
             column = Column(name, values, whole=pa.types.is_integer(kind))
-        elif pa.types.is_null(kind):
-            raise DataError(f"{path}: column {name!r} has no values: drop it")
         elif pa.types.is_binary(kind) or pa.types.is_large_binary(kind):  # how CSV reads bad UTF-8
             raise DataError(f"{path}: not UTF-8 text (column {name!r})")
-        else:  # text, dates, times: their text is their level
+        else:  # text, times of day: their text is their level
             encoded = pc.dictionary_encode(pc.cast(chunked, pa.string())).combine_chunks()
             codes = pc.fill_null(encoded.indices, -1).to_numpy().astype(np.int64)
             column = Column(name, codes, encoded.dictionary.to_pylist())
-        if only is None and column.missing().all():
-            raise DataError(f"{path}: column {name!r} has no values: drop it")
         check_numbers(path, column)
         columns.append(column)
     return columns
@@ -192,7 +229,7 @@ def read_npz(path: Path, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray
 
 def fit(columns: list[Column], rows: np.ndarray) -> list[dict]:
     """The encoding of each column, from the training `rows` alone: its type, missing share, and
-    median, mean and spread, or commonest levels."""
+    median, mean and spread (and a date's parts), or commonest levels."""
     specs = []
     for column in columns:
         values, missing = column.values[rows], column.missing()[rows]
@@ -203,13 +240,22 @@ def fit(columns: list[Column], rows: np.ndarray) -> list[dict]:
             median = float(np.median(values[~missing]))
             filled = np.where(missing, median, values)
             spread = float(filled.std())
-            spec |= {"type": "number", "median": median, "mean": float(filled.mean())}
+            kind = "date" if column.date else "number"
+            spec |= {"type": kind, "median": median, "mean": float(filled.mean())}
             spec["std"] = spread if spread > 0 else 1.0  # a constant column: left at 0
+            if column.date:  # the hour only where some value has a time of day
+                spec["parts"] = [part for part in DATE_PARTS if part != "hour" or (filled % 1).any()]
         else:
             counts = np.bincount(values[~missing], minlength=len(column.names))
             order = sorted(np.nonzero(counts)[0], key=lambda i: (-counts[i], column.names[i]))
             spec |= {"type": "text", "levels": [column.names[i] for i in order[:MAX_LEVELS]]}
             spec["counts"] = [int(counts[i]) for i in order[:MAX_LEVELS]]
+            if counts.sum() > 2 * sum(spec["counts"]):  # most of it one feature
+                rare = 1 - sum(spec["counts"]) / counts.sum()
+                note(
+                    f"column {column.name!r}: {rare:.0%} of its values are rarer than its {MAX_LEVELS}"
+                    f" commonest, one {OTHER} feature: group them, or raise MAX_LEVELS in columns.py"
+                )
         specs.append(spec)
     return specs
 
@@ -218,8 +264,8 @@ def feature_names(specs: list[dict]) -> list[str]:
     """The name of each encoded feature, in the order of encode's columns."""
     names = []
     for spec in specs:
-        if spec["type"] == "number":
-            names.append(spec["name"])
+        if spec["type"] != "text":
+            names += [spec["name"], *(f"{spec['name']} {part}" for part in spec.get("parts", []))]
         else:
             names += [f"{spec['name']}={level}" for level in [*spec["levels"], OTHER]]
         if spec["indicator"]:
@@ -240,9 +286,12 @@ def encode(path: Path, columns: list[Column], specs: list[dict]) -> np.ndarray:
         if column is None:
             raise DataError(f"{path}: no column {spec['name']!r}, which the model was trained on")
         missing = column.missing()
-        if spec["type"] == "number":
+        if spec["type"] != "text":
             filled = np.where(missing, spec["median"], column.values)
             out[:, at] = (filled - spec["mean"]) / spec["std"]
+            for part in spec.get("parts", []):
+                at += 1
+                out[:, at] = DATE_PARTS[part](filled)
             at += 1
         else:  # one-hot: a 1 at the row's level, or at OTHER (the last) if rare, unseen or missing
             levels = spec["levels"]
@@ -263,6 +312,10 @@ def show(specs: list[dict], n_levels: int = 6) -> list[str]:
         gaps = f"{spec['missing']:.1%} missing" + (" (an indicator feature)" if spec["indicator"] else "")
         if spec["type"] == "number":
             stats = f"median {spec['median']:.4g}, mean {spec['mean']:.4g}, std {spec['std']:.4g}"
+        elif spec["type"] == "date":
+            day = np.datetime64(round(spec["median"] * 86_400), "s")
+            day = day if "hour" in spec["parts"] else day.astype("M8[D]")
+            stats = f"median {day}, std {spec['std']:.4g} days; parts {', '.join(spec['parts'])}"
         else:
             pairs = list(zip(spec["levels"], spec["counts"], strict=True))
             shown = ", ".join(f"{level} {count:,}" for level, count in pairs[:n_levels])

@@ -36,6 +36,7 @@ class Config:
     # data
     data: str | None = fixed(None)  # .csv (a header row), .parquet or .npz (arrays x, y); None: synthetic
     label: str | None = fixed(None)  # the column to predict; None: the last
+    many_classes: bool = False  # confirms a label of many classes, which is refused as a likely measurement
     val_fraction: float = fixed(0.1)  # share held out for validation, the same examples for every seed
     max_train_examples: int = fixed(0)  # train on only the first this many examples (0: all); debug small
     # Loader processes. In-memory features index in microseconds, and a worker only adds the cost of

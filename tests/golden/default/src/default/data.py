@@ -119,12 +119,16 @@ class Splits:
             "ids": self.ids,
         }
 
+    def trains_on(self) -> str:
+        """What the model learns, in a few words: the first lines of a run say it."""
+        return f"label {self.label!r}, {self.n_classes} classes"
+
 
 def load_splits(cfg: Config) -> Splits:
     """Loads --data (or the synthetic default), holds out validation, fits the encoding on the rest."""
     table = read_source(cfg)
     train_idx, val_idx = labelled_split(table, cfg)
-    y, classes = class_indices(table, train_idx)
+    y, classes = class_indices(table, train_idx, cfg)
     unseen = val_idx[y[val_idx] < 0]
     if len(unseen):
         note(f"{table.source}: {len(unseen):,} validation rows of classes training never saw: left out")
@@ -156,6 +160,11 @@ def synthetic_data(n: int = 4096, n_features: int = 16, n_classes: int = 4):
 
 
 TARGET_NAME = "label"
+# A label with more classes than this share of the training rows, or more than MAX_NUMBER_CLASSES
+# numbers that are not class indices (from 0 or 1, gaps in under half of the range), is likelier a
+# measurement (a price, a weight) or an id than classes.
+MAX_CLASS_SHARE = 0.1
+MAX_NUMBER_CLASSES = 20
 
 
 @dataclass
@@ -167,6 +176,7 @@ class Table:
     ids: list[str]
     source: str
     digest: str  # of the whole file's contents
+    inputs: list[Column]  # every column but the label, as read: diagnose's split-leak compares rows by them
 
 
 def read_source(cfg: Config) -> Table:
@@ -188,16 +198,29 @@ def read_source(cfg: Config) -> Table:
     if label not in names:
         shown = ", ".join(map(repr, names[:20])) + (", ..." if len(names) > 20 else "")
         raise DataError(f"{path}: no column {label!r} (--label) among {shown}")
-    check_label(path, columns[names.index(label)])
+    target = columns[names.index(label)]
+    if target.missing().all():
+        which = "" if cfg.label else " (the last column: no --label given)"
+        raise DataError(f"{path}: {label!r}{which} has no values: name the column to predict with --label")
+    check_label(path, target)
     others = [column for column in columns if column.name != label]
-    ids = [column.name for column in others if column.is_id()]
-    for name in ids:
-        note(f"{path}: column {name!r} is unique on every row, an id: left out of the features")
-    features = [column for column in others if column.name not in ids]
+    ids, features = [], []
+    for column in others:
+        if column.is_id():
+            ids.append(column.name)
+            why = "is unique on every row, an id"
+        elif column.missing().all():
+            why = "has no values"
+        elif column.near_unique():
+            why = f"has {len(column.names):,} distinct values in {len(column.values):,} rows, nearly an id"
+        else:
+            features.append(column)
+            continue
+        note(f"{path}: column {column.name!r} {why}: left out of the features")
     if not features:
         raise DataError(f"{path}: no feature columns, only the {TARGET_NAME} {label!r}: need at least one")
     digest = file_digest(path)[:16]  # as long as the checkpoints of earlier runs hold it
-    return Table(features, columns[names.index(label)], ids, str(path), digest)
+    return Table(features, target, ids, str(path), digest, others)
 
 
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -219,7 +242,7 @@ def _from_arrays(x: np.ndarray, y: np.ndarray, source: str) -> Table:
     for column in (*features, label):
         check_numbers(Path(source), column)
     check_label(Path(source), label)
-    return Table(features, label, [], source, digest(x, y))
+    return Table(features, label, [], source, digest(x, y), features)
 
 
 def labelled_split(table: Table, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
@@ -247,8 +270,9 @@ def check_label(path: Path, label: Column) -> None:
         raise DataError(f"{path}: one class only (label {names[0]}): a classifier needs two or more")
 
 
-def class_indices(table: "Table", train_idx: np.ndarray) -> tuple[np.ndarray, list[str]]:
-    """Each row's class index (-1: a class the training split lacks) and the class names, sorted."""
+def class_indices(table: "Table", train_idx: np.ndarray, cfg: Config) -> tuple[np.ndarray, list[str]]:
+    """Each row's class index (-1: a class the training split lacks) and the class names, sorted.
+    A label like a measurement (a price, a count) is refused unless --many-classes confirms it."""
     label = table.label
     if label.names is None:
         seen = np.unique(label.values[train_idx])
@@ -261,10 +285,14 @@ def class_indices(table: "Table", train_idx: np.ndarray) -> tuple[np.ndarray, li
         lookup[seen] = np.arange(len(seen))
         y = lookup[label.values]
         classes = [label.names[code] for code in seen]
-    if len(classes) > len(train_idx) // 2:  # a class a row or two: an id or a measurement
+    numbers = label.names is None and not (seen[0] in (0, 1) and seen[-1] < 2 * len(seen))  # not indices
+    many = len(classes) > MAX_CLASS_SHARE * len(train_idx) or (numbers and len(classes) > MAX_NUMBER_CLASSES)
+    if many and not cfg.many_classes:
+        which = "" if cfg.label else " (the last column: no --label given)"
         raise DataError(
-            f"{table.source}: {label.name!r} has {len(classes):,} classes in {len(train_idx):,} training"
-            " rows: too few examples of each to learn (is it the label?)"
+            f"{table.source}: {label.name!r}{which} has {len(classes):,} values in {len(train_idx):,}"
+            " training rows, like a measurement or an id: name the column to predict with --label, or"
+            " confirm these classes with --many-classes"
         )
     return y.astype(np.int64), classes
 

@@ -138,6 +138,10 @@ class Splits:
             "n_val": len(self.val),
         }
 
+    def trains_on(self) -> str:
+        """What the model learns, in a few words: the first lines of a run say it."""
+        return f"real targets from inputs of width {self.train.inputs.shape[1]}"
+
 
 def load_splits(cfg: Config) -> Splits:
     inputs, targets, lengths = (*example_data(), None) if cfg.data is None else read_pairs(Path(cfg.data))
