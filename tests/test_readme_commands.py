@@ -136,6 +136,7 @@ def test_every_readme_command_runs_as_pasted(case, tmp_path):
 STARTS = ("pip ", "scaffold ", "python ", "pytest", "copier ", "git ", "mkdir ", "cd ")
 OWN_NOT_HERE = {
     'pip install -e ".[bench]"': "the install of the benchmarks' extra",
+    'pip install -e ".[dev]"': "the install of the test tools: this test's own environment",
     "pip install torch": None,  # the quickstart: its installs are this test's environment, its last
     # command (after the last &&) runs below
     "scaffold new DEST": "a synopsis",
