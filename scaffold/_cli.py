@@ -131,11 +131,15 @@ def new(
 ) -> int:
     """Create a project in DEST. On a terminal, asks every question no flag answers."""
     from scaffold import check, render
+    from scaffold.git import enclosing_repository
 
     ask = not defaults and sys.stdin.isatty() and sys.stdout.isatty()
     project = render.new_project(dest, answers, ask=ask, force=force, git=git)
     name = project.answers.get("project_name", project.path.name)
     print(f"Created {name} in {project.path}" + _GIT_NOTES.get(project.git, ""))
+    outer = enclosing_repository(project.path)
+    if outer is not None:  # a nested repository: the checkout's `git status` lists it
+        _note(f"note: rendered into {project.path}, inside the git repository {outer}")
     if run_check:
         return check.run_checks(project.path, say=_note)
     return 0

@@ -84,6 +84,12 @@ def commit_first_render(project: Path, *, files: list[Path] | None, message: str
     run(project, "branch", "--no-track", PRISTINE_BRANCH)
 
 
+def enclosing_repository(path: Path) -> Path | None:
+    """The git work tree that `path` lies inside (the nearest folder above it holding .git), if
+    any: a project rendered there is a repository nested in another one's checkout."""
+    return next((folder for folder in path.parents if (folder / ".git").exists()), None)
+
+
 def current_branch(project: Path) -> str:
     """The checked-out branch, or the commit when HEAD is detached."""
     result = run(project, "symbolic-ref", "-q", "--short", "HEAD", check=False)

@@ -1,6 +1,7 @@
 """A non-editable install into a fresh virtual environment renders a project that passes its checks:
-every import of scaffold and of the generated project is declared, and the wheel carries the
-template."""
+every import of scaffold and of the generated project is declared, the wheel carries the template,
+and none of the dev extra is needed. The project's README then runs as pasted in that environment,
+its own set-up line first."""
 
 from __future__ import annotations
 
@@ -10,6 +11,9 @@ import sys
 
 import pytest
 from conftest import REPO
+from readme_commands import fenced_commands
+from readme_commands import run as run_readme_command
+from test_readme_commands import scaled, users_files
 
 pytestmark = pytest.mark.slow
 
@@ -46,3 +50,17 @@ def test_installed_scaffold_renders_a_project_that_passes_its_checks(tmp_path):
     lines = checked.stdout.splitlines()
     for start in ("**Run:**", "**Sanity:**", "**Throughput:**"):
         assert any(line.startswith(start) for line in lines), checked.stdout
+    light = run(python, "-m", "pip", "list", "--format=freeze", cwd=tmp_path, env=env).stdout
+    installed = {line.split("==")[0].lower() for line in light.splitlines()}
+    assert not installed & {"pytest", "ruff", "moto", "mlflow-skinny", "wandb", "matplotlib"}
+
+    # The project's README, every command as pasted, from its own set-up on: in this environment,
+    # which had nothing of the project's extras (matplotlib for step 4's plot among them).
+    path = {**env, "PATH": os.pathsep.join([str(venv / "bin"), env["PATH"]])}
+    commands = fenced_commands((project / "README.md").read_text(encoding="utf-8"))
+    assert commands[0].line.startswith("pip install -e ")  # the set-up comes first
+    users_files(project, {})  # new_rows.csv, which the README names as standing for the user's
+    for command in commands:
+        command.line = scaled(command.line)
+        done = run_readme_command(command, project, path, timeout=600)
+        assert done.as_said, f"{command.line}\nexit {done.status}\n{done.output[-3000:]}"

@@ -265,6 +265,21 @@ def test_commit_works_without_a_git_identity(scaffold, tmp_path, monkeypatch):
     )
 
 
+def test_a_project_inside_a_git_checkout_says_where_it_rendered(scaffold, tmp_path):
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    git(checkout, "init", "-q")
+    ran = scaffold("new", "demo", "--defaults", cwd=checkout)
+
+    assert ran.exit_code == 0, ran.stderr
+    assert ran.stderr == (
+        f"note: rendered into {checkout / 'demo'}, inside the git repository {checkout}\n"
+    )
+    assert git(checkout / "demo", "rev-list", "--count", "HEAD") == "1"  # its own repository
+    elsewhere = scaffold("new", tmp_path / "apart", "--defaults", "--no-git")
+    assert elsewhere.exit_code == 0 and elsewhere.stderr == ""
+
+
 def test_no_git_makes_no_repository(scaffold, tmp_path):
     ran = scaffold("new", tmp_path / "demo", "--no-git")
 

@@ -395,6 +395,47 @@ def test_a_table_as_it_comes_trains_resumes_and_predicts(project, tmp_path):
     assert len(done.stderr.splitlines()) == 1 and not (tmp_path / "x.csv").exists()
 
 
+def test_commands_that_read_a_run_read_the_newest_unless_named(tmp_path):
+    project = render(tmp_path / "fresh")
+    for command in (["report"], ["diagnose"], ["plot"], ["export"], ["predict", "rows.csv"]):
+        done = run(project, *command)
+        assert done.returncode == 1, (command, done.stderr)
+        assert (
+            done.stderr
+            == "error: no run under runs/ to read: train one first (python -m fresh train)\n"
+        )
+
+    for name in ("first", "second"):
+        done = run(project, "train", "--run-dir", f"runs/{name}", "--max-steps", "20", *SMALL_RUN)
+        assert done.returncode == 0, done.stderr
+    reading = "reading runs/second (the newest run under runs/)\n"
+    reported = run(project, "report")
+    assert reported.returncode == 0 and reported.stderr == reading, reported.stderr
+    assert "config runs/second/run.json" in reported.stdout
+    diagnosed = run(project, "diagnose", "--json")
+    assert diagnosed.stderr == reading and json.loads(diagnosed.stdout)  # stdout stays JSON
+    exported = run(project, "export")
+    assert exported.returncode == 0 and exported.stderr == reading, exported.stderr
+    assert (project / "runs/second/checkpoints/best.pt.model.pt").exists()
+
+    named = run(project, "report", "runs/first")  # a run named is read, and nothing is said
+    assert named.returncode == 0 and named.stderr == "" and "runs/first/run.json" in named.stdout
+    later = (project / "runs/second/run.json").stat().st_mtime + 10
+    os.utime(project / "runs/first/run.json", (later, later))  # as a resumed runs/first would
+    assert run(project, "report").stderr == reading.replace("second", "first")
+
+
+def test_a_run_dir_that_is_a_file_is_named_in_one_line(project, tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    for run_dir in (tmp_path / "notes.txt", tmp_path / "notes.txt" / "run"):
+        done = run(project, "train", "--run-dir", run_dir, "--max-steps", "5")
+        assert done.returncode == 1
+        assert done.stderr.splitlines()[-1] == (
+            f"error: --run-dir {run_dir}: {tmp_path / 'notes.txt'} is a file: name a folder"
+        )
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_a_folder_for_a_file_is_named_as_a_folder(project, tmp_path):
     done = run(project, "train", "--data", tmp_path, "--run-dir", tmp_path / "r")
     assert done.returncode == 2

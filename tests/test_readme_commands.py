@@ -6,12 +6,14 @@ The one scaling is `--max-steps`, an option the README shows, added to each `tra
 script line. What this machine cannot run as pasted is left out by name (NOT_HERE: the install,
 which the test stands in for by running from src/ with this Python; two machines; SLURM;
 Kubernetes; SkyPilot), and the
-files a command names as the user's own (photos to predict on, a text folder to prepare) are
-written first, as a user would have them."""
+files a command names as the user's own (a table or photos to predict on, a text folder to
+prepare), which its text names as standing for theirs, are written first, as a user would have
+them. A command that names no run reads the one the README trained last."""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -24,6 +26,7 @@ pytestmark = pytest.mark.slow
 
 CASES = {
     "default": {},
+    "custom": {"task": "custom"},
     "image-ddp": {"task": "image", "distributed": "ddp"},
     "generation": {"task": "generation"},
     "regression-fsdp": {"task": "regression", "distributed": "fsdp"},
@@ -46,8 +49,26 @@ def scaled(line: str) -> str:
     return f"{command}  {hash_}{comment}" if hash_ else command
 
 
+# The files a README's commands take from its user, each named in its text as standing for theirs.
+PLACEHOLDERS = {
+    "classification": ["new_rows.csv"],
+    "regression": ["new_rows.csv"],
+    "image": ["photo.jpg", "more/"],
+    "generation": ["corpus/"],
+    "custom": [],
+}
+
+
 def users_files(project: Path, answers: dict) -> None:
-    """What the README's commands name as the user's own files."""
+    """What the README's commands name as the user's own files (PLACEHOLDERS)."""
+    task = answers.get("task", "classification")
+    readme = (project / "README.md").read_text(encoding="utf-8")
+    for name in PLACEHOLDERS[task]:
+        assert re.search(rf"`{re.escape(name)}`[^.]*\bstands? for\b", readme), name
+    if task in ("classification", "regression"):  # the synthetic default's columns
+        rows = [",".join(f"x{i}" for i in range(16))]
+        rows += [",".join(f"{(r * 16 + i) % 7 - 3}" for i in range(16)) for r in range(5)]
+        (project / "new_rows.csv").write_text("\n".join(rows) + "\n")
     if answers.get("task") == "image":
         from PIL import Image
 
@@ -88,7 +109,7 @@ def test_every_readme_command_runs_as_pasted(case, tmp_path):
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
     }
     commands = fenced_commands((project / "README.md").read_text(encoding="utf-8"))
-    ran, left_out = [], []
+    ran, left_out, trained, read = [], [], [], []
     for command in commands:
         why = next((why for start, why in NOT_HERE.items() if command.line.startswith(start)), None)
         if why:
@@ -98,6 +119,12 @@ def test_every_readme_command_runs_as_pasted(case, tmp_path):
         done = run(command, project, env, timeout=600)
         assert done.as_said, f"{command.line}\nexit {done.status}\n{done.output[-3000:]}"
         ran.append(command.line)
+        trained += re.findall(r"--run-dir (runs/\S+)", command.line)
+        for run_dir in re.findall(r"^reading (\S+) \(the newest run", done.output, re.M):
+            read.append(run_dir)
+            assert run_dir == trained[-1], (command.line, run_dir, trained)  # the run just made
+
+    assert read, "no command read the newest run"  # report, at least
 
     assert sum(" train " in line for line in ran) >= 2  # runs/first and runs/second at least
     assert any("check all" in line for line in ran)
@@ -109,6 +136,7 @@ def test_every_readme_command_runs_as_pasted(case, tmp_path):
 STARTS = ("pip ", "scaffold ", "python ", "pytest", "copier ", "git ", "mkdir ", "cd ")
 OWN_NOT_HERE = {
     'pip install -e ".[bench]"': "the install of the benchmarks' extra",
+    'pip install -e ".[dev]"': "the install of the test tools: this test's own environment",
     "pip install torch": None,  # the quickstart: its installs are this test's environment, its last
     # command (after the last &&) runs below
     "scaffold new DEST": "a synopsis",

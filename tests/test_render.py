@@ -71,3 +71,18 @@ def test_defaults_are_recorded_in_the_answers_file(tmp_path):
     assert "project_name: my-run" in answers
     assert "machine_device" not in answers  # machine facts are never saved
     assert (project / "src" / "my_run" / "train.py").is_file()
+
+
+def test_the_generation_task_is_described_as_what_it_does(scaffold, tmp_path):
+    """It tokenizes characters, bytes or BPE (prepare), and its README says where each is edited."""
+    project = new_project(tmp_path / "gen", {"task": "generation"}, git=False).path
+    readme = (project / "README.md").read_text(encoding="utf-8")
+    intro, table = readme.split("## Where to edit")[0], readme.split("## Where to edit")[1]
+    table = table.split("\n\n")[1]
+    options = scaffold("options").stdout
+    generation = next(line for line in options.splitlines() if "generation (" in line)
+
+    for text in (" ".join(intro.split()), generation):
+        assert "character-level" not in text and "bytes or BPE tokens" in text, text
+    for name in ("tokens.py", "prepare.py"):
+        assert f"| `src/gen/{name}` |" in table, table

@@ -4,9 +4,9 @@ profile and tune.
     python -m default train [--data FILE] [--run-dir DIR] [--max-steps N] ...
     python -m default check [all|overfit|batch|init|loader|resume] ...
     python -m default inspect-data [--data FILE]
-    python -m default plot RUN_DIR [RUN_DIR ...] [-o FILE.png]
-    python -m default report RUN_DIR [--since EARLIER_RUN_DIR]
-    python -m default diagnose RUN_DIR [RUN_DIR ...] [--json]
+    python -m default plot [RUN_DIR ...] [-o FILE.png]
+    python -m default report [RUN_DIR] [--since EARLIER_RUN_DIR]
+    python -m default diagnose [RUN_DIR ...] [--json]
     python -m default profile [-o DIR] [train options]
     python -m default find-lr [-o FILE.png] [train options]
     python -m default find-batch-size [--global-batch N] [train options]
@@ -25,8 +25,7 @@ from .data import DataError, load_splits, summarize
 from .predict import predict
 from .runtime.checkpoint import CheckpointError, export
 from .runtime.distributed import shutdown
-from .runtime.rundir import fetch_checkpoint, fetch_run
-from .runtime.runlog import RunDirError
+from .runtime.rundir import RunDirError, fetch_checkpoint, fetch_run
 from .runtime.stopping import Aborted, RunFolderBusy
 from .runtime.store import StoreError, is_url
 from .tools.checks import run_checks
@@ -40,6 +39,7 @@ from .train import TrainingError, train
 # Errors a user can act on: one line and exit 2 (the input or the run folder) or 1 (what happened).
 BAD_INPUT = (ConfigError, DataError, DiagnoseError, RunFolderBusy)
 FAILURES = (*BAD_INPUT, CheckpointError, RunDirError, ReportError, StoreError, TrainingError)
+NEWEST = "a checkpoint; default: the newest run's best.pt (under runs/)"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -54,13 +54,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_config_arguments(check)
     add_config_arguments(commands.add_parser("inspect-data", help="shapes, labels and examples of the data"))
     plotter = commands.add_parser("plot", help="loss and metric curves of runs, overlaid")
-    plotter.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    plotter.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="default: the newest run")
     plotter.add_argument("-o", "--output", default="curves.png", metavar="FILE.png")
     reporter = commands.add_parser("report", help="the summary of a run")
-    reporter.add_argument("run_dir", metavar="RUN_DIR")
+    reporter.add_argument("run_dir", nargs="?", metavar="RUN_DIR", help="default: the newest run")
     reporter.add_argument("--since", metavar="RUN_DIR", help="an earlier run: the issues this one fixed")
     doctor = commands.add_parser("diagnose", help="what the loss curves say is wrong, with first checks")
-    doctor.add_argument("run_dirs", nargs="+", metavar="RUN_DIR")
+    doctor.add_argument("run_dirs", nargs="*", metavar="RUN_DIR", help="default: the newest run")
     doctor.add_argument("--json", action="store_true", help="the findings as JSON")
     profiler = commands.add_parser("profile", help="where a step's time goes: phases, operators, FLOP/s")
     profiler.add_argument("-o", "--output", default="runs/profile", metavar="DIR", help="for the trace")
@@ -73,12 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     sizer.add_argument("--global-batch", type=int, metavar="N", help="examples a step, accumulation included")
     add_config_arguments(sizer)
     exporter = commands.add_parser("export", help="a checkpoint's model weights, whole, in one .pt file")
-    exporter.add_argument("--checkpoint", default="runs/default/checkpoints/best.pt")
+    exporter.add_argument("--checkpoint", help=NEWEST)
     exporter.add_argument("--out", metavar="FILE.pt", help="default: the checkpoint's path + .model.pt")
     predictor = commands.add_parser("predict", help="predictions for the rows of a .csv or .parquet table")
     predictor.add_argument("path", metavar="FILE", help="rows to predict: the training columns")
     predictor.add_argument("-o", "--output", default="predictions.csv", metavar="FILE.csv")
-    predictor.add_argument("--checkpoint", default="runs/default/checkpoints/best.pt", help="a checkpoint")
+    predictor.add_argument("--checkpoint", help=NEWEST)
     predictor.add_argument("--device", default="cpu")
     return parser
 
@@ -90,9 +90,9 @@ def run_command(args: argparse.Namespace) -> int:
         "train": lambda: train(config_from_args(args))["exit_status"],
         "check": lambda: run_checks(config_from_args(args), args.which),
         "inspect-data": lambda: print(summarize(load_splits(config_from_args(args)))),
-        "plot": lambda: print("wrote", plot([fetch_run(run_dir) for run_dir in args.run_dirs], args.output)),
+        "plot": lambda: print("wrote", plot([fetch_run(r) for r in args.run_dirs or [None]], args.output)),
         "report": lambda: print(report(fetch_run(args.run_dir), args.since and fetch_run(args.since))),
-        "diagnose": lambda: run_diagnose([fetch_run(run_dir) for run_dir in args.run_dirs], args.json),
+        "diagnose": lambda: run_diagnose([fetch_run(r) for r in args.run_dirs or [None]], args.json),
         "profile": lambda: print(profile(config_from_args(args), args.output)),
         "find-lr": lambda: print(find_lr(config_from_args(args), args.output, args.range_steps)),
         "find-batch-size": lambda: print(find_batch_size(config_from_args(args), args.global_batch)),
@@ -104,9 +104,10 @@ def run_command(args: argparse.Namespace) -> int:
     return commands[args.command]() or 0  # None from a command that printed its result: success
 
 
-def export_weights(checkpoint: str, out: str | None) -> None:
-    default = Path(checkpoint).name if is_url(checkpoint) else checkpoint  # a URL's: written here
-    written = export(Path(fetch_checkpoint(checkpoint)), Path(out or f"{default}.model.pt"))
+def export_weights(checkpoint: str | None, out: str | None) -> None:
+    local = fetch_checkpoint(checkpoint)
+    default = Path(checkpoint).name if checkpoint and is_url(checkpoint) else local  # a URL's: written here
+    written = export(Path(local), Path(out or f"{default}.model.pt"))
     print(f"wrote {written}: load it with torch.load(weights_only=True)")
 
 

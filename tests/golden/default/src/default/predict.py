@@ -1,8 +1,7 @@
 """Yours to edit: a prediction for each row of a table, from a trained checkpoint (by default the
-run's best):
+newest run's best):
 
-    python -m default predict new_rows.csv -o predictions.csv \
-        --checkpoint runs/first/checkpoints/best.pt
+    python -m default predict new_rows.csv -o predictions.csv
 
 Each row is encoded as training encoded its rows, with the statistics the checkpoint holds (fitted
 on the training split): no row of the run's data is read. The output keeps the rows' order and

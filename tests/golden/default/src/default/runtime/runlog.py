@@ -22,13 +22,9 @@ import torch
 
 from ..config import Config
 from .records import RunRecordError, damaged_lines, parse_metrics, read_record
-from .rundir import LocalRun
+from .rundir import LocalRun, RunDirError
 from .stopping import RunLock
 from .store import PROJECT, RunStore
-
-
-class RunDirError(RuntimeError):
-    """The run folder cannot be written."""
 
 
 class RunLog:
@@ -55,6 +51,8 @@ class RunLog:
             probe.unlink()
         except OSError as error:
             self._remove_made()
+            if isinstance(error, FileExistsError):  # a file where a folder of the path goes
+                raise RunDirError(f"--run-dir {run_dir}: {error.filename} is a file: name a folder") from None
             raise RunDirError(f"cannot write to run folder {run_dir}: {error.strerror}") from None
 
     def start(self, record: dict) -> None:

@@ -2,10 +2,15 @@
 store's newest checkpoint pulled into the staging folder first, or fetched for the read commands.
 """
 
+import sys
 from pathlib import Path
 
 from .distributed import Dist, stage_run
 from .store import RECORDS, RunStore, StoreError, cache_dir, is_url, top
+
+
+class RunDirError(RuntimeError):
+    """The run folder cannot be written, or there is no run to read."""
 
 
 def open_run(run_dir: str, keep_last: int, group: Dist) -> "LocalRun | RunStore":
@@ -17,8 +22,18 @@ def open_run(run_dir: str, keep_last: int, group: Dist) -> "LocalRun | RunStore"
     return store
 
 
-def fetch_run(run_dir: str) -> str:
-    """A run to read: a local folder as it is, or a URL's run.json and metrics.jsonl copied here."""
+def newest_run() -> str:
+    """The run a read command naming none reads: the one under runs/ whose run.json changed last."""
+    runs = sorted(Path("runs").glob("*/run.json"), key=lambda path: path.stat().st_mtime)
+    if not runs:
+        raise RunDirError("no run under runs/ to read: train one first (python -m everything train)")
+    print(f"reading {runs[-1].parent} (the newest run under runs/)", file=sys.stderr)
+    return str(runs[-1].parent)
+
+
+def fetch_run(run_dir: str | None) -> str:
+    """A run to read (None: the newest): a local folder as it is, or a URL's records copied here."""
+    run_dir = run_dir or newest_run()
     if not is_url(run_dir):
         return run_dir
     store = RunStore(run_dir)
@@ -31,9 +46,10 @@ def fetch_run(run_dir: str) -> str:
     return str(local)
 
 
-def fetch_checkpoint(path: str) -> str:
-    """A checkpoint to read: a local one as it is, or `URL/checkpoints/NAME` (a step's or best)
-    from the newest complete checkpoint that holds it, its digests verified."""
+def fetch_checkpoint(path: str | None) -> str:
+    """A checkpoint to read (None: the newest run's best): a local one as it is, or `URL/checkpoints/NAME`
+    (a step's or best) from the newest complete checkpoint that holds it, its digests verified."""
+    path = path or f"{newest_run()}/checkpoints/best"
     if not is_url(path):
         return path
     run_url, _, name = path.rstrip("/").rpartition("/checkpoints/")
