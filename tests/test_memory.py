@@ -66,6 +66,7 @@ def test_check_all_passes_with_every_block_recomputed_and_a_bad_value_is_one_lin
     project = render(tmp_path / "acall")
     done = run(project, "check", "all", "--activation-checkpointing", "1")
     assert done.returncode == 0, done.stdout + done.stderr
+    assert "recomputed blocks give the gradients of kept ones" in done.stdout
     assert "batch: PASS" in done.stdout and "resume: PASS" in done.stdout
     bad = run(project, "train", "--activation-checkpointing", "-1")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
