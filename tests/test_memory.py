@@ -26,8 +26,8 @@ def test_recomputed_blocks_train_bit_identical_to_kept_ones(tmp_path, task, extr
     project = render(tmp_path / f"ac-{task}", task=task)
     reference = None
     for every in ("0", "1", "2"):
-        done = run(project, "train", "--run-dir", f"runs/ac{every}", "--activation-checkpointing", every,
-                   *TRIAL, *extra)  # fmt: skip
+        flags = ("--run-dir", f"runs/ac{every}", "--activation-checkpointing", every)
+        done = run(project, "train", *flags, *TRIAL, *extra)
         assert done.returncode == 0, done.stderr[-2000:]
         got = records(project / "runs" / f"ac{every}")
         assert any(r["split"] == "val" for r in got)
@@ -35,15 +35,15 @@ def test_recomputed_blocks_train_bit_identical_to_kept_ones(tmp_path, task, extr
         assert got == reference, every
 
 
-# A block whose forward draws from Python's random module (a stochastic depth written with it):
-# torch's checkpointing replays torch's random state, not Python's, so the recomputed forward is
-# another one and the gradients belong to neither.
-JITTER = '''
+# A block whose forward draws from Python's random module (a random scale written with it):
+# torch's checkpointing replays torch's random state, not Python's, so the recomputation saves
+# other inputs for GELU's backward than the forward used, and the gradients belong to neither.
+JITTER = """
 
 class Jitter(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * (1.0 + 0.5 * random.random())
-'''
+"""
 
 
 def test_a_block_that_recomputes_differently_fails_check_batch(tmp_path):
@@ -51,7 +51,9 @@ def test_a_block_that_recomputes_differently_fails_check_batch(tmp_path):
     model = project / "src" / "jitter" / "model.py"
     text = model.read_text().replace("import math\n", "import math\nimport random\n", 1)
     text = text.replace("\n\nclass MLP", JITTER + "\n\nclass MLP", 1)
-    text = text.replace("nn.GELU(), nn.Dropout(dropout)]", "nn.GELU(), Jitter()]", 1)
+    text = text.replace(
+        "nn.GELU(), nn.Dropout(dropout)]", "Jitter(), nn.GELU(), nn.Dropout(dropout)]", 1
+    )
     model.write_text(text)
     kept = run(project, "check", "batch")
     assert kept.returncode == 0, kept.stdout + kept.stderr
@@ -70,4 +72,5 @@ def test_check_all_passes_with_every_block_recomputed_and_a_bad_value_is_one_lin
     assert "batch: PASS" in done.stdout and "resume: PASS" in done.stdout
     bad = run(project, "train", "--activation-checkpointing", "-1")
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
-    assert bad.stderr.strip().splitlines()[-1].endswith("activation_checkpointing must be >= 0, got -1")
+    last = bad.stderr.strip().splitlines()[-1]
+    assert last.endswith("activation_checkpointing must be >= 0, got -1")

@@ -293,8 +293,9 @@ def test_the_gpu_search_takes_a_kernels_failure_at_a_size_as_its_limit_not_the_c
     out = cuda_tune._memory_search(cfg, cuda, engine, out_of_memory, None, 0.9, limit=100_000)
     assert "  batch      32: out of memory" in out.splitlines()
     assert out.splitlines()[-1] == (  # the training rules' remedies in order, those that apply
-        "not even a micro-batch of 1 fits: next, --activation-checkpointing 1 (a resumed run may add"
-        " it); then scaffold update . --distributed fsdp, on several GPUs (each holds 1/N of the model)"
+        "not even a micro-batch of 1 fits: next, --activation-checkpointing 1 (a resumed run"
+        " may add it); then scaffold update . --distributed fsdp, on several GPUs (each holds 1/N"
+        " of the model)"
     )
 
 
@@ -316,10 +317,12 @@ def test_find_batch_size_reports_the_largest_micro_batch_with_and_without_recomp
     out = cuda_tune.find_batch_size(cuda_tune.Config(batch_size=32), target=0.5).splitlines()
     largest = [line for line in out if line.startswith("largest micro-batch")]
     assert len(largest) == 2 and largest[0].startswith("largest micro-batch under 50%: ")
-    assert largest[1].startswith("largest micro-batch under 50% with --activation-checkpointing 1: ")
+    recomputing = "largest micro-batch under 50% with --activation-checkpointing 1: "
+    assert largest[1].startswith(recomputing)
     kept, recomputed = (int(line.split(": ")[1].split()[0]) for line in largest)
     assert 4096 * 15 / 16 <= kept <= 4096 and 4 * 4096 * 15 / 16 <= recomputed <= 4 * 4096
-    assert out[-1].startswith(f"suggested: --activation-checkpointing 1 --batch-size {recomputed} --lr ")
+    suggested = f"suggested: --activation-checkpointing 1 --batch-size {recomputed} --lr "
+    assert out[-1].startswith(suggested)
 
 
 def test_out_of_memory_in_train_ends_in_one_line_with_the_remedies_in_order(tmp_path):
@@ -330,15 +333,17 @@ def test_out_of_memory_in_train_ends_in_one_line_with_the_remedies_in_order(tmp_
     text = model.read_text()
     old = "        return self.head(self.body(x))"
     assert old in text
-    model.write_text(text.replace(old, '''        self.calls = getattr(self, "calls", 0) + 1
-        if self.calls == 3:
-            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
-''' + old))
+    raising = (
+        '        self.calls = getattr(self, "calls", 0) + 1\n'
+        "        if self.calls == 3:\n"
+        '            raise torch.cuda.OutOfMemoryError(\"CUDA out of memory\")\n'
+    )
+    model.write_text(text.replace(old, raising + old))
     done = run(project, "train", "--device", "cpu", "--max-steps", "5", "--batch-size", "48")
     assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.strip().splitlines()[-1] == (
         "error: out of memory at step 3, a micro-batch of 48 on cpu: next, --batch-size 24"
-        " --grad-accum-steps 2 (same global batch; new --run-dir); then --activation-checkpointing 1"
-        " (a resumed run may add it); then scaffold update . --distributed fsdp, on several GPUs"
-        " (each holds 1/N of the model)"
+        " --grad-accum-steps 2 (same global batch; new --run-dir); then"
+        " --activation-checkpointing 1 (a resumed run may add it); then scaffold update ."
+        " --distributed fsdp, on several GPUs (each holds 1/N of the model)"
     )
