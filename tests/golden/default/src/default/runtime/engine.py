@@ -70,8 +70,7 @@ class Engine:
     """The objects a step changes, each saving and loading itself through state_dict()."""
 
     def __init__(self, cfg: Config, splits, device: torch.device) -> None:
-        with distributed.model_init_rng(cfg):
-            self.model = build_model(cfg, splits).to(device)  # what checkpoints hold
+        self.model = distributed.build(lambda: build_model(cfg, splits), cfg, device)  # what checkpoints hold
         if cfg.activation_checkpointing:
             recompute(repeated_blocks(self.model)[:: cfg.activation_checkpointing])
         self.forward = distributed.wrap(self.model, cfg, device)  # what the loop calls
