@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,7 +28,8 @@ def project(tmp_path_factory):
     return render(tmp_path_factory.mktemp("fsdp") / "fsdp-demo", distributed="fsdp")
 
 
-def _train(project, run_dir: str, steps: int, batch: int, nproc: int = 2, timeout: int = 600):
+def _train(project, run_dir: str, steps: int, batch: int, nproc: int = 2, timeout: int = 600,
+           extra: tuple[str, ...] = ()):  # fmt: skip
     args = (
         "train",
         "--run-dir",
@@ -37,6 +39,7 @@ def _train(project, run_dir: str, steps: int, batch: int, nproc: int = 2, timeou
         "--batch-size",
         str(batch),
         *SMALL,
+        *extra,
     )
     if nproc == 1:  # a plain process: a group of one
         command, env = [sys.executable, "-m", PACKAGE, *args], _env(project)
@@ -201,6 +204,25 @@ def test_a_two_process_checkpoint_loads_exactly_under_another_number_of_processe
     train = [r for r in records(run_dir) if r["split"] == "train"]
     assert [r["step"] for r in train] == list(range(1, 51))
     assert [r for r in records(run_dir) if r["step"] <= 40] == records(two_process_run)
+
+
+@pytest.mark.slow
+def test_recomputed_blocks_train_and_reshard_bit_identical_to_kept_ones(project, two_process_run):
+    """With --activation-checkpointing 1 on 2 ranks, the records of the reference run that kept
+    its activations, bit for bit; its checkpoint resumed on 1 and on 3 processes trains on exactly
+    as the reference's does (the blocks are recomputed before sharding, their names unchanged)."""
+    recompute = ("--activation-checkpointing", "1")
+    _train(project, "runs/ac", 40, 16, extra=recompute)
+    assert records(project / "runs" / "ac") == records(two_process_run)
+    for nproc in (1, 3):
+        for name, source, extra in (("ac", "ac", recompute), ("kept", "two", ())):
+            run_dir = project / "runs" / f"{name}-on-{nproc}"
+            shutil.copytree(project / "runs" / source, run_dir)
+            resumed = _train(project, f"runs/{run_dir.name}", 46, 16, nproc=nproc, extra=extra)
+            assert f"trained by 2 processes, resumed by {nproc}" in resumed.stdout
+        recomputed = records(project / "runs" / f"ac-on-{nproc}")
+        assert [r["step"] for r in recomputed if r["split"] == "train"] == list(range(1, 47))
+        assert recomputed == records(project / "runs" / f"kept-on-{nproc}")
 
 
 @pytest.mark.slow

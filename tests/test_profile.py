@@ -271,7 +271,7 @@ def test_the_gpu_search_takes_a_kernels_failure_at_a_size_as_its_limit_not_the_c
             raise RuntimeError(f"{cudnn} to be true, but got false.\n(Could this be improved?)")
         gpu.peak = size * 2**20
 
-    cfg = type("Cfg", (), {"batch_size": 32, "lr": 1e-3, "grad_accum_steps": 1})()
+    cfg = cuda_tune.Config(batch_size=32, lr=1e-3, grad_accum_steps=1)
     engine = type("Engine", (), {"optimizer": torch.optim.SGD([torch.zeros(1)], lr=0.1)})()
     cuda = torch.device("cuda")
     out = cuda_tune._memory_search(cfg, cuda, engine, step, None, 0.9, limit=100_000)
@@ -292,4 +292,58 @@ def test_the_gpu_search_takes_a_kernels_failure_at_a_size_as_its_limit_not_the_c
 
     out = cuda_tune._memory_search(cfg, cuda, engine, out_of_memory, None, 0.9, limit=100_000)
     assert "  batch      32: out of memory" in out.splitlines()
-    assert out.splitlines()[-1].startswith("not even a micro-batch of 1 fits")
+    assert out.splitlines()[-1] == (  # the training rules' remedies in order, those that apply
+        "not even a micro-batch of 1 fits: next, --activation-checkpointing 1 (a resumed run"
+        " may add it); then scaffold update . --distributed fsdp, on several GPUs (each holds 1/N"
+        " of the model)"
+    )
+
+
+def test_find_batch_size_reports_the_largest_micro_batch_with_and_without_recomputed_blocks(
+    cuda_tune, monkeypatch
+):
+    """A step's peak is 1 MiB an example kept, a quarter of it with every block recomputed: the
+    search runs for both, and the second's suggestion carries the flag."""
+    gpu = _FakeGPU(monkeypatch, cuda_tune)  # 8 GiB
+    engine = type("Engine", (), {"optimizer": torch.optim.SGD([torch.zeros(1)], lr=0.1)})()
+
+    def sizing(cfg):
+        def step(size):
+            gpu.peak = size * 2**20 // (4 if cfg.activation_checkpointing else 1)
+
+        return torch.device("cuda"), engine, step, 100_000
+
+    monkeypatch.setattr(cuda_tune, "_sizing", sizing)
+    out = cuda_tune.find_batch_size(cuda_tune.Config(batch_size=32), target=0.5).splitlines()
+    largest = [line for line in out if line.startswith("largest micro-batch")]
+    assert len(largest) == 2 and largest[0].startswith("largest micro-batch under 50%: ")
+    recomputing = "largest micro-batch under 50% with --activation-checkpointing 1: "
+    assert largest[1].startswith(recomputing)
+    kept, recomputed = (int(line.split(": ")[1].split()[0]) for line in largest)
+    assert 4096 * 15 / 16 <= kept <= 4096 and 4 * 4096 * 15 / 16 <= recomputed <= 4 * 4096
+    suggested = f"suggested: --activation-checkpointing 1 --batch-size {recomputed} --lr "
+    assert out[-1].startswith(suggested)
+
+
+def test_out_of_memory_in_train_ends_in_one_line_with_the_remedies_in_order(tmp_path):
+    """A cuda project on the CPU (--device cpu), its model raising CUDA's out-of-memory error at
+    the third forward: one line naming the step and the next flags, exit 1, no traceback."""
+    project = new_project(tmp_path / "oom", {"device": "cuda", "precision": "fp32"}, git=False).path
+    model = project / "src" / "oom" / "model.py"
+    text = model.read_text()
+    old = "        return self.head(self.body(x))"
+    assert old in text
+    raising = (
+        '        self.calls = getattr(self, "calls", 0) + 1\n'
+        "        if self.calls == 3:\n"
+        '            raise torch.cuda.OutOfMemoryError(\"CUDA out of memory\")\n'
+    )
+    model.write_text(text.replace(old, raising + old))
+    done = run(project, "train", "--device", "cpu", "--max-steps", "5", "--batch-size", "48")
+    assert done.returncode == 1 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1] == (
+        "error: out of memory at step 3, a micro-batch of 48 on cpu: next, --batch-size 24"
+        " --grad-accum-steps 2 (same global batch; new --run-dir); then"
+        " --activation-checkpointing 1 (a resumed run may add it); then scaffold update ."
+        " --distributed fsdp, on several GPUs (each holds 1/N of the model)"
+    )

@@ -21,14 +21,19 @@ class MLP(nn.Module):
         layers: list[nn.Module] = []
         width = n_features
         for _ in range(n_layers):
-            layers += [nn.Linear(width, hidden_dim), nn.LayerNorm(hidden_dim), nn.GELU()]
-            layers.append(nn.Dropout(dropout))
+            layer = [nn.Linear(width, hidden_dim), nn.LayerNorm(hidden_dim), nn.GELU(), nn.Dropout(dropout)]
+            layers.append(nn.Sequential(*layer))
             width = hidden_dim
         self.body = nn.Sequential(*layers)
         self.head = nn.Linear(width, n_outputs)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.head(self.body(x))  # x (B, F) -> (B, n_outputs)
+
+
+def repeated_blocks(model: MLP) -> list[nn.Module]:
+    """The blocks that --activation-checkpointing recomputes in the backward pass: the hidden layers."""
+    return list(model.body)
 
 
 def build_model(cfg: Config, splits: Splits) -> MLP:

@@ -29,7 +29,7 @@ from .data import SequenceDataset, Splits
 def mlp(width: int, hidden_dim: int, n_layers: int, dropout: float, out: int) -> nn.Sequential:
     layers: list[nn.Module] = []
     for _ in range(n_layers):
-        layers += [nn.Linear(width, hidden_dim), nn.GELU(), nn.Dropout(dropout)]
+        layers.append(nn.Sequential(nn.Linear(width, hidden_dim), nn.GELU(), nn.Dropout(dropout)))
         width = hidden_dim
     return nn.Sequential(*layers, nn.Linear(width, out))
 
@@ -61,6 +61,12 @@ class SequenceModel(nn.Module):
 def build_model(cfg: Config, splits: Splits) -> nn.Module:
     model = SequenceModel if isinstance(splits.train, SequenceDataset) else CurveModel
     return model(splits.train.inputs.shape[1], cfg.hidden_dim, cfg.n_layers, cfg.dropout)
+
+
+def repeated_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks that --activation-checkpointing recomputes in the backward pass: the hidden layers
+    of each mlp() (all but its output layer). A model of your own names its repeated blocks here."""
+    return [layer for net in model.children() for layer in list(net)[:-1]]
 
 
 def compute_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from .config import Config
 from .data import load_splits
 from .model import Metrics, compute_loss
+from .runtime import device as hardware
 from .runtime import distributed
 from .runtime.checkpoint import CheckpointDir
 from .runtime.engine import AMP_DTYPE, PRECISION, Engine, setup
@@ -225,6 +226,12 @@ def train(cfg: Config, quiet: bool = False) -> dict:
             summary, saved = run_steps(loop, batches, val_loader, eval_every, progress, signals)
             summary["best_checkpoint"] = store.name(checkpoints.path / "best")
             run.finish(summary)
+        except RuntimeError as error:  # out of memory: what to do next, in one line
+            if not hardware.out_of_memory(error):
+                raise
+            remedies = hardware.out_of_memory_remedies(cfg)
+            at = f"step {state.step + 1}, a micro-batch of {cfg.batch_size} on {device}"
+            raise TrainingError(f"out of memory at {at}: next, {remedies}") from None
         finally:
             progress.close()
             run.close()

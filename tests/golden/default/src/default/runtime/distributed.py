@@ -32,9 +32,9 @@ def main_only(make):
     return make()
 
 
-def model_init_rng(cfg: Config) -> contextlib.AbstractContextManager:
-    """The model is built from the global RNG, which setup() seeded."""
-    return contextlib.nullcontext()
+def build(make, cfg: Config, device: torch.device) -> torch.nn.Module:
+    """The model, built from the global RNG, which setup() seeded, on the device."""
+    return make().to(device)
 
 
 def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:

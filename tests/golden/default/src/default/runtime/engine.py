@@ -5,14 +5,17 @@ one place: the model and what the loop calls, the optimizer (optim.py).
 proves the code that trains. What differs with the number of processes is in distributed.py.
 """
 
+import contextlib
 import dataclasses
+import functools
 import random
 
 import numpy as np
 import torch
+from torch.utils.checkpoint import checkpoint
 
 from ..config import Config, ConfigError
-from ..model import build_model
+from ..model import build_model, repeated_blocks
 from ..optim import build_optimizer, lr_factor
 from . import distributed
 from .device import configure
@@ -36,12 +39,40 @@ def setup(cfg: Config) -> tuple[torch.device, distributed.Dist]:
     return device, group
 
 
+def recompute(blocks: list[torch.nn.Module]) -> None:
+    """Each block's activations recomputed in the backward pass rather than kept from the forward
+    (PyTorch's non-reentrant checkpointing, dropout masks replayed): a block's activations held at a
+    time, not all of them, for one more forward pass of compute. Its buffers stay as the forward
+    left them: the recomputation must not update BatchNorm's running statistics a second time."""
+    for block in blocks:
+        contexts = functools.partial(_recomputed_with_buffers_kept, block)
+        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, context_fn=contexts)
+
+
+def _recomputed_with_buffers_kept(block: torch.nn.Module):
+    """checkpoint's two contexts: none for the forward, one that restores the buffers for the
+    recomputation."""
+    return contextlib.nullcontext(), _buffers_kept(block)
+
+
+@contextlib.contextmanager
+def _buffers_kept(block: torch.nn.Module):
+    saved = [buffer.clone() for buffer in block.buffers()]
+    try:
+        yield
+    finally:  # also when checkpoint stops the recomputation early, past what the backward needs
+        with torch.no_grad():
+            for buffer, value in zip(block.buffers(), saved, strict=True):
+                buffer.copy_(value)
+
+
 class Engine:
     """The objects a step changes, each saving and loading itself through state_dict()."""
 
     def __init__(self, cfg: Config, splits, device: torch.device) -> None:
-        with distributed.model_init_rng(cfg):
-            self.model = build_model(cfg, splits).to(device)  # what checkpoints hold
+        self.model = distributed.build(lambda: build_model(cfg, splits), cfg, device)  # what checkpoints hold
+        if cfg.activation_checkpointing:
+            recompute(repeated_blocks(self.model)[:: cfg.activation_checkpointing])
         self.forward = distributed.wrap(self.model, cfg, device)  # what the loop calls
         self.optimizer = build_optimizer(self.model, cfg)
         # what the step clips, listed once rather than at every step

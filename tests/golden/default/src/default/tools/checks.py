@@ -17,6 +17,7 @@ source, the data and the config. `report` shows a run's Sanity line only when th
 
 import json
 import math
+import random
 import shutil
 import sys
 import time
@@ -149,10 +150,43 @@ def check_batch_independence(cfg: Config) -> CheckResult:
         detail += f"example {i}'s loss depends on example {j}'s input: something mixes the batch dimension"
         return CheckResult("batch", False, detail)
     detail += "no example depends on another"
+    if cfg.activation_checkpointing:
+        if drift := recomputation_drift(cfg, splits, device, batches[0]):
+            return CheckResult("batch", False, f"{detail}; but {drift}")
+        detail += "; recomputed blocks give the gradients of kept ones"
     padding = padding_leak(model, splits.train, device) if hasattr(splits.train, "collate") else None
     if padding:
         return CheckResult("batch", False, f"{detail}; but {padding}")
     return CheckResult("batch", True, detail + ("; nor on its padding" if padding == "" else ""))
+
+
+def recomputation_drift(cfg: Config, splits, device: torch.device, batch) -> str | None:
+    """With --activation-checkpointing: a training forward and backward of `batch` with the blocks
+    recomputed, against the same model keeping its activations, from the same random state. A block
+    whose recomputation differs (it draws random numbers outside torch, or changes state in its
+    forward) trains on the gradients of another forward than the one it ran: named, not left to drift."""
+    x, y = batch
+    results = []
+    for every in (0, cfg.activation_checkpointing):
+        torch.manual_seed(cfg.seed)  # the same weights (a plain process builds them from the global RNG)
+        engine = Engine(replace(cfg, activation_checkpointing=every), splits, device)
+        torch.manual_seed(cfg.seed)  # and the same dropout masks
+        random.seed(cfg.seed)
+        compute_loss(engine.forward(x), y).backward()
+        named = [(name, p.grad) for name, p in engine.model.named_parameters() if p.grad is not None]
+        named += list(engine.model.named_buffers())
+        results.append({name: t.full_tensor() if hasattr(t, "full_tensor") else t for name, t in named})
+    for name, kept in results[0].items():
+        kept, recomputed = kept.float(), results[1][name].float()
+        if (recomputed - kept).abs().max() > 1e-4 * (1 + kept.abs().max()):
+            what = "gradient" if name in dict(engine.model.named_parameters()) else "buffer"
+            flag = f"--activation-checkpointing {cfg.activation_checkpointing}"
+            return (
+                f"{name}'s {what} differs with {flag}: a block in model.repeated_blocks gives another"
+                " result when its forward runs again (random numbers drawn outside torch, or state"
+                " changed in its forward)"
+            )
+    return None
 
 
 def padding_leak(model: torch.nn.Module, dataset, device: torch.device) -> str | None:

@@ -9,6 +9,8 @@ import threading
 
 import torch
 
+from ..config import Config
+
 # Dense tensor-core peaks from the vendor's data sheets, in TFLOP/s: bf16 and fp16, and TF32
 # (what fp32 matmuls run as here: configure allows TF32). The first name found in the device's
 # name counts, so "H100 PCIe" comes before "H100" (the SXM part).
@@ -120,3 +122,17 @@ def peak_memory(device: torch.device) -> int:
 
 def out_of_memory(error: RuntimeError) -> bool:
     return isinstance(error, torch.cuda.OutOfMemoryError)
+
+
+def out_of_memory_remedies(cfg: Config) -> str:
+    """What to run next when a micro-batch does not fit, as flags, in the training rules' order:
+    a smaller micro-batch with more accumulation (the same global batch), activation checkpointing,
+    then sharding with FSDP."""
+    remedies = []
+    if cfg.batch_size > 1:
+        size = next(size for size in range(cfg.batch_size // 2, 0, -1) if cfg.batch_size % size == 0)
+        steps = cfg.grad_accum_steps * cfg.batch_size // size
+        remedies.append(f"--batch-size {size} --grad-accum-steps {steps} (same global batch; new --run-dir)")
+    if cfg.activation_checkpointing != 1:
+        remedies.append("--activation-checkpointing 1 (a resumed run may add it)")
+    return "; then ".join(remedies) or "a smaller model: every remedy of the training rules is in use"

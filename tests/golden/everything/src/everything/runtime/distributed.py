@@ -22,6 +22,7 @@ import socket
 import subprocess
 import sys
 import time
+import weakref
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten, tree_map
 
 from ..config import Config, ConfigError
 
@@ -242,12 +245,119 @@ def run_as_processes(processes: int, command) -> int:
     return subprocess.run(command).returncode
 
 
-@contextlib.contextmanager
-def model_init_rng(cfg: Config):
-    """The same weights on every rank, each keeping its shard: built from cfg.seed on all."""
+def build(make, cfg: Config, device: torch.device) -> torch.nn.Module:
+    """The model on the meta device, which holds no values: make() runs with every tensor it makes
+    put there, and its ops recorded. wrap() shards it, then each rank makes its own shards alone
+    (materialize), with the very values make() gives from cfg.seed in one process."""
+    recorder = _Recorder()
+    with recorder:
+        model = make()
+    tensors = [*model.named_parameters(remove_duplicate=False), *model.named_buffers()]
+    made = {name: t.detach().clone() for name, t in tensors if not t.is_meta}  # from data, say
+    places = {}  # each meta storage's tensors: name and view
+    for name, t in tensors:
+        if t.is_meta:
+            places.setdefault(_storage(t), []).append((name, t.size(), t.stride(), t.storage_offset()))
+    _UNMADE[model] = (recorder.ops, places, made)
+    return model
+
+
+_UNMADE = weakref.WeakKeyDictionary()  # a model build() made, until wrap() makes its shards
+_ALLOCATIONS = ("aten::empty", "aten::empty_strided")
+_OVERWRITES = {torch.ops.aten.uniform_.default, torch.ops.aten.normal_.default, torch.ops.aten.zero_.default,
+               torch.ops.aten.fill_.Scalar, torch.ops.aten.copy_.default}  # fmt: skip
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage()._cdata
+
+
+def _whole(t: torch.Tensor) -> bool:
+    """Whether `t` is the whole of its storage."""
+    return t.is_contiguous() and t.storage_offset() == 0 and t.untyped_storage().nbytes() == t.nbytes
+
+
+def _aliases(outs: list[torch.Tensor], ins: list[torch.Tensor]) -> bool:
+    return all(_storage(o) in {_storage(t) for t in ins} for o in outs)
+
+
+def _metas(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor) and t.is_meta]
+
+
+class _Recorder(TorchDispatchMode):
+    """Every op a model's construction runs, a factory's tensors made on the meta device."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs and not any(isinstance(a, torch.Tensor) for a in tree_flatten(args)[0]):
+            kwargs["device"] = torch.device("meta")
+        out = func(*args, **kwargs)
+        self.ops.append((func, args, kwargs, out))
+        return out
+
+
+@torch.no_grad()
+def materialize(model: torch.nn.Module, cfg: Config, device: torch.device) -> None:
+    """This rank's shards of a model build() made, filled on the device: its recorded ops replayed
+    from cfg.seed. A tensor is whole only from its last overwrite to its last op, then this rank
+    keeps its shard of it; an earlier overwrite (a default init that the model's own replaces)
+    runs on a scratch tensor for its random numbers alone. No rank holds the whole model, only its
+    shards and at most a few whole tensors at a time."""
+    ops, places, made = _UNMADE.pop(model)
+    last, last_overwrite = {}, {}
+    for i, (func, args, kwargs, out) in enumerate(ops):
+        for t in _metas((args, kwargs, out)):
+            last[_storage(t)] = i
+        if func in _OVERWRITES and args[0].is_meta and _whole(args[0]):
+            last_overwrite[_storage(args[0])] = i
+    model.to_empty(device=device)
+    tensors = dict(model.named_parameters(remove_duplicate=False)) | dict(model.named_buffers())
+    for name, value in made.items():
+        _keep_shard(tensors[name], value)
+    whole = {}  # storage: a whole tensor on the device
+
+    def real(t):
+        if not (isinstance(t, torch.Tensor) and t.is_meta):
+            return t
+        if _storage(t) not in whole:
+            elements = t.untyped_storage().nbytes() // t.element_size()
+            whole[_storage(t)] = torch.empty(elements, dtype=t.dtype, device=device)
+        return whole[_storage(t)].as_strided(t.size(), t.stride(), t.storage_offset())
+
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(cfg.seed)
-        yield
+        for i, (func, args, kwargs, out) in enumerate(ops):
+            outs = _metas(out)
+            written = _storage(args[0]) if func._schema.is_mutable and _metas(args[:1]) else None
+            if func._schema.name in _ALLOCATIONS or (written is None and _aliases(outs, _metas(args))):
+                pass  # an allocation or a view: made where first used
+            elif written is not None and i < last_overwrite.get(written, -1):  # overwritten later
+                scratch = torch.empty(args[0].shape, dtype=args[0].dtype, device=device)
+                func(scratch, *tree_map(real, args[1:]), **tree_map(real, kwargs))
+            else:
+                kwargs = {k: device if k == "device" else v for k, v in kwargs.items()}
+                result = func(*tree_map(real, args), **tree_map(real, kwargs))
+                for o, r in zip(outs, tree_flatten(result)[0], strict=False):
+                    whole.setdefault(_storage(o), r)
+            for key in [key for key in whole if last[key] == i]:
+                for name, size, stride, offset in places.get(key, ()):
+                    _keep_shard(tensors[name], whole[key].as_strided(size, stride, offset))
+                del whole[key]
+
+
+def _keep_shard(tensor: torch.Tensor, value: torch.Tensor) -> None:
+    """`tensor` (a sharded parameter, or a buffer every rank keeps whole) set from its whole value."""
+    if hasattr(tensor, "to_local"):  # a DTensor sharded on dim 0, as FSDP2 does: torch.chunk's pieces
+        pieces = value.chunk(tensor.device_mesh.size(), dim=0)
+        rank = tensor.device_mesh.get_local_rank()
+        value = pieces[rank] if rank < len(pieces) else value[:0]
+        tensor = tensor.to_local()
+    tensor.copy_(value)
 
 
 def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
@@ -265,6 +375,7 @@ def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.
             unit.forward = compiled_for_training(unit)
         fully_shard(unit, mesh=mesh, mp_policy=policy)
     fully_shard(model, mesh=mesh, mp_policy=policy)
+    materialize(model, cfg, device)
     return model
 
 

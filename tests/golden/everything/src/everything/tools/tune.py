@@ -131,7 +131,13 @@ def find_batch_size(cfg: Config, global_batch: int | None = None, target: float 
     device, engine, step, limit = _sizing(cfg)
     if device.type == "cpu":
         return _throughput_sweep(cfg, device, step, global_batch, limit)
-    return _memory_search(cfg, device, engine, step, global_batch, target, limit)
+    found = _memory_search(cfg, device, engine, step, global_batch, target, limit)
+    if cfg.activation_checkpointing == 1:
+        return found
+    del engine, step  # freed before the engine whose every block recomputes its activations
+    recomputing = replace(cfg, activation_checkpointing=1)
+    _, engine, step, _ = _sizing(recomputing)
+    return found + "\n" + _memory_search(recomputing, device, engine, step, global_batch, target, limit)
 
 
 def _memory_search(
@@ -140,7 +146,11 @@ def _memory_search(
     """The largest micro-batch whose step peaks under `target` of the GPU's memory, at most the
     training split's `limit` examples: doubling, then bisecting, out of memory caught."""
     name, total = hardware.memory(device)
-    lines = [f"find-batch-size on {name} ({total / 2**30:.1f} GiB): the largest step under {target:.0%}"]
+    every = cfg.activation_checkpointing
+    flag = f" --activation-checkpointing {every}" if every else ""  # in the lines below, where it is on
+    recomputed = f" with{flag}" if every else ""
+    gib = total / 2**30
+    lines = [f"find-batch-size on {name} ({gib:.1f} GiB){recomputed}: the largest step under {target:.0%}"]
 
     ran: list[int] = []  # the sizes whose step ran: a later failure is its size's, not the code's
 
@@ -165,10 +175,13 @@ def _memory_search(
 
     best = largest_fitting(fits, min(cfg.batch_size, limit), limit)
     if best == 0:
-        return "\n".join([*lines, "not even a micro-batch of 1 fits: shrink the model, or shard it (FSDP)"])
+        remedies = hardware.out_of_memory_remedies(replace(cfg, batch_size=1))
+        return "\n".join([*lines, f"not even a micro-batch of 1 fits{recomputed}: next, {remedies}"])
     capped = " (the training split's size: memory was not the limit)" if best == limit else ""
-    lines.append(f"largest micro-batch under {target:.0%}: {best}{capped}")
-    return "\n".join([*lines, *_suggestion(cfg, best, global_batch)])
+    lines.append(f"largest micro-batch under {target:.0%}{recomputed}: {best}{capped}")
+    suggested = _suggestion(cfg, best, global_batch)
+    suggested = [line.replace(": --batch-size", f":{flag} --batch-size", 1) for line in suggested]
+    return "\n".join([*lines, *suggested])
 
 
 def largest_fitting(fits, start: int, limit: int = LARGEST_BATCH) -> int:
