@@ -15,8 +15,9 @@ the step's temporaries: what checkpointing cuts) and the median step time. Every
 runs side by side in one invocation, so the ratios compare like with like. glibc's mmap threshold
 is pinned, so that freed activations go back to the system and a later step's peak is its own.
 
---startup N builds an N-billion-parameter GPT under fsdp with 2 ranks, the project's way, and
-prints each rank's peak resident memory from the start until the model is sharded.
+--startup N builds an N-billion-parameter GPT under fsdp with 2 ranks, the project's way (on the
+meta device, each rank making its shards) and the way before it (the whole model on every rank,
+then sharded), and prints each rank's peak resident memory from the start to the sharded model.
 """
 
 from __future__ import annotations
@@ -88,17 +89,31 @@ shutdown()
 
 STARTUP = """
 import json, resource, sys
+import torch
 import torch.distributed as dist
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 from {package}.config import Config
 from {package}.data import load_splits
-from {package}.runtime.distributed import shutdown
+from {package}.model import build_model
+from {package}.runtime.distributed import shard_units, shutdown
 from {package}.runtime.engine import Engine, setup
 
 cfg = Config(n_layer={n_layer}, n_embd={n_embd}, n_head=16, block_size=64, batch_size=1,
              num_workers=0, max_train_examples=64)
 device, group = setup(cfg)
-engine = Engine(cfg, load_splits(cfg), device)
-n_params = sum(p.numel() for p in engine.model.parameters())  # a DTensor's numel is the whole's
+splits = load_splits(cfg)
+if "{build}" == "meta":  # the project's Engine: built on the meta device, each rank its shards
+    model = Engine(cfg, splits, device).model
+else:  # the whole model built on every rank, then sharded: the project's way until the meta build
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg, splits).to(device)
+    mesh = init_device_mesh(device.type, (group.world_size,))
+    for unit in shard_units(model):
+        fully_shard(unit, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+n_params = sum(p.numel() for p in model.parameters())  # a DTensor's numel is the whole's
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 mine = {{"peak_rss": peak, "n_params": n_params}}
 gathered = [mine]
@@ -161,15 +176,23 @@ def main() -> None:
             n_embd = 2048
             n_layer = max(1, round(args.startup * 1e9 / (12 * n_embd**2)))
             project, package = projects["fsdp"]
-            script = STARTUP.format(package=package, n_layer=n_layer, n_embd=n_embd)
-            ranks = _run(project, package, script, 2)
+            peaks = {}
+            for build in ("full", "meta"):
+                script = STARTUP.format(
+                    package=package, n_layer=n_layer, n_embd=n_embd, build=build
+                )
+                ranks = _run(project, package, script, 2)
+                peaks[build] = [got["peak_rss"] for got in ranks]
             params = ranks[0]["n_params"]
             print(
                 f"fsdp start-up, 2 ranks, GPT of {params / 1e9:.2f}B parameters"
                 f" ({n_layer} x {n_embd}), fp32 ({params * 4 / 2**30:.1f} GiB):"
             )
-            for rank, got in enumerate(ranks):
-                print(f"  rank {rank}: peak RSS {got['peak_rss'] / 2**30:.2f} GiB")
+            for rank, (full, meta) in enumerate(zip(peaks["full"], peaks["meta"], strict=True)):
+                print(
+                    f"  rank {rank}: peak RSS {full / 2**30:.2f} GiB built whole then sharded,"
+                    f" {meta / 2**30:.2f} GiB built on the meta device ({meta / full:.2f})"
+                )
             return
         memory = "RSS" if args.device == "cpu" else "allocated"
         print(
