@@ -382,4 +382,6 @@ def test_a_same_shape_model_edit_resumes_saying_the_code_changed(tmp_path):
     assert proc.returncode == 0
     assert printed[0].startswith("resuming from") and not any("code changed" in p for p in printed)
     done = run(project, *args, "--max-steps", "310")
-    assert "the code changed since this checkpoint was written: model.py" in done.stdout.splitlines()
+    assert (
+        "the code changed since this checkpoint was written: model.py" in done.stdout.splitlines()
+    )
