@@ -1,13 +1,17 @@
 """What a run prints keeps a readable cadence on small data: a 333-row table, one step an epoch,
 validates at least EVAL_EVERY_MIN (10) steps apart, not every step, and prints a validation line at
-most once in --log-every steps, with the early stop and the best always said."""
+most once in --log-every steps, with the early stop and the best always said. Checkpoints keep a
+cadence in time as well as in steps: a killed run loses minutes, not the run, and one killed before
+its first checkpoint says that it starts over."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
-from test_project import render, run
+import pytest
+from test_project import SMALL_RUN, kill_at_step, records, render, run
 
 
 def test_a_small_table_validates_every_10_steps_not_every_step(tmp_path):
@@ -79,3 +83,62 @@ def test_a_long_validation_says_where_it_is_in_a_log_and_a_short_one_says_nothin
         sys.path.remove(str(project / "src"))
         for name in [m for m in sys.modules if m == "passes" or m.startswith("passes.")]:
             del sys.modules[name]
+
+
+@pytest.fixture(scope="module")
+def clocked(tmp_path_factory):
+    """A project and its 60-step reference run, checkpointed at its last step only."""
+    project = render(tmp_path_factory.mktemp("clock") / "clocked")
+    args = ("--max-steps", "60", *SMALL_RUN, "--ckpt-every", "1000", "--ckpt-minutes", "0")
+    done = run(project, "train", "--run-dir", "runs/reference", *args)
+    assert done.returncode == 0, done.stderr
+    saved = sorted(p.name for p in (project / "runs/reference/checkpoints").iterdir())
+    assert saved == ["best.pt", "step-00000060.pt"]
+    return project
+
+
+def test_checkpoints_by_the_clock_lose_minutes_not_the_run_and_resume_exactly(clocked):
+    """--ckpt-minutes writes a step checkpoint once that much time has passed since the last,
+    whatever --ckpt-every says (here 1000, past the run's end): the run killed at step 30 resumes
+    near where it stopped, not from step 0, and ends with the very records of the run that never
+    stopped (a checkpoint by the clock is taken at a step boundary and changes nothing)."""
+    args = ["train", "--run-dir", "runs/clock", "--max-steps", "60", *SMALL_RUN]
+    args += ["--ckpt-every", "1000", "--ckpt-minutes", "0.0001", "--keep-last", "100"]  # 6 ms
+    kill_at_step(clocked, args, 30)
+    steps = sorted(int(p.stem[5:]) for p in (clocked / "runs/clock/checkpoints").glob("step-*.pt"))
+    assert len(steps) >= 3 and steps[-1] >= 20, steps
+
+    done = run(clocked, *args)
+
+    assert done.returncode == 0, done.stderr
+    resumed_at = int(re.search(r"^resuming from .* at step (\d+)$", done.stdout, re.M).group(1))
+    assert resumed_at == steps[-1]
+    assert records(clocked / "runs/clock") == records(clocked / "runs/reference")  # bit for bit
+
+    readme = (clocked / "README.md").read_text()
+    assert "at least every `--ckpt-minutes` (5)\n  minutes of training" in readme
+    entry = run(clocked, "train", "--help").stdout.split("--ckpt-minutes CKPT_MINUTES\n")[1]
+    assert " ".join(entry.split("--keep-last")[0].split()).endswith("0: steps alone (default: 5.0)")
+
+
+def test_a_run_killed_before_its_first_checkpoint_says_it_starts_over(clocked):
+    """Killed at step 25 of a run that checkpoints at step 1000 and never by the clock: the same
+    command starts over at step 0 and says so, and why, in one line (its run.json and metrics.jsonl
+    are replaced, not silently); it then ends as the reference did."""
+    args = ["train", "--run-dir", "runs/killed", "--max-steps", "60", *SMALL_RUN]
+    args += ["--ckpt-every", "1000", "--ckpt-minutes", "0"]
+    kill_at_step(clocked, args, 25)
+    assert not list((clocked / "runs/killed/checkpoints").glob("step-*"))
+
+    done = run(clocked, *args)
+
+    assert done.returncode == 0, done.stderr
+    [line] = [line for line in done.stdout.splitlines() if line.startswith("starting over")]
+    stopped = re.fullmatch(
+        r"starting over at step 0: runs/killed holds no step checkpoint \(its run stopped at step"
+        r" (\d+), before its first\): its run.json and metrics.jsonl are replaced",
+        line,
+    )
+    assert stopped and int(stopped.group(1)) >= 25, line
+    assert "resuming" not in done.stdout
+    assert records(clocked / "runs/killed") == records(clocked / "runs/reference")

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
+from test_project import render, run
 
 from scaffold.machine import device_available
 
@@ -80,3 +83,32 @@ def test_new_with_check_renders_then_checks(scaffold, tmp_path):
         assert any(line.startswith(start) for line in ran.stdout.splitlines()), ran.stdout
     if not device_available("cuda"):
         assert "running the checks with --device cpu" in ran.stderr
+
+
+# A user's own model: two layers in place of the rendered MLP's body, which memorises its batch of
+# 8 in tens of steps (67 here), past the 40 that `--max-steps 40` gives a run.
+TWO_LAYERS = """        self.body = nn.Sequential(nn.Linear(n_features, 32), nn.ReLU())
+        self.head = nn.Linear(32, n_outputs)
+
+"""
+
+
+def test_the_overfit_verdict_is_the_same_for_any_max_steps(tmp_path):
+    """`check overfit --max-steps 40` (the way to make checks quick) trained on a schedule planned
+    for 40 steps, at --min-lr past step 40, and failed this model at 0.11 after 300 steps while
+    the default passed it. The check's schedule is its own: the same line either way."""
+    project = render(tmp_path / "two", task="classification", device="cpu")
+    model = project / "src" / "two" / "model.py"
+    text = model.read_text()
+    body = text[text.index("        layers: list[nn.Module] = []") : text.index("    def forward")]
+    model.write_text(text.replace(body, TWO_LAYERS))
+
+    lines = []
+    for args in (("--max-steps", "40"), ()):
+        done = run(project, "check", "overfit", *args)
+        assert done.returncode == 0, done.stdout + done.stderr
+        lines += [line for line in done.stdout.splitlines() if line.startswith("overfit: ")]
+
+    assert len(lines) == 2 and lines[0] == lines[1], lines
+    assert lines[0].startswith("overfit: PASS: ")
+    assert 40 < int(re.search(r" in (\d+) steps", lines[0]).group(1)) < 300, lines[0]

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import check_passed_line, checks_passed
-from test_project import _env, render, run
+from test_project import _command, _env, render, run
 
 pytestmark = pytest.mark.slow
 
@@ -310,24 +310,78 @@ def _python(project: Path, code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_a_model_edit_that_changes_its_weights_is_refused_on_resume_in_one_line(tmp_path):
-    """A run resumed after an edit that changed the model's parameters says which checkpoint
-    does not fit and what differs, in one line and not a load_state_dict traceback; the run's
-    files are left as they were."""
+    """A run resumed after an edit that changed the model's parameters is refused as a changed
+    setting is (exit 2, one line): the line names the checkpoint and the first tensors that differ
+    with their shapes, saved -> now, not a load_state_dict traceback; the run's files are left as
+    they were."""
     project = render(tmp_path / "grown", task="classification", device="cpu")
     first = run(project, "train", "--max-steps", "20", "--ckpt-every", "10", "--run-dir", "runs/a")
     assert first.returncode == 0, first.stderr
     before = (project / "runs/a/metrics.jsonl").read_text()
-    _edit(
-        project / "src" / "grown" / "model.py",
-        "nn.LayerNorm(hidden_dim)",
-        "nn.LayerNorm(hidden_dim, bias=False)",
-    )
+    model = project / "src" / "grown" / "model.py"
+    original = model.read_text()
+    again = ("train", "--max-steps", "30", "--ckpt-every", "10", "--run-dir", "runs/a")
 
-    done = run(project, "train", "--max-steps", "30", "--ckpt-every", "10", "--run-dir", "runs/a")
-
-    assert done.returncode == 1
+    _edit(model, "nn.Linear(width, hidden_dim), nn.LayerNorm(hidden_dim)",
+          "nn.Linear(width, 2 * hidden_dim), nn.LayerNorm(2 * hidden_dim)")  # fmt: skip
+    done = run(project, *again)
+    assert done.returncode == 2, done.stdout + done.stderr
     assert "Traceback" not in done.stderr
     [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert "step-00000020.pt does not load into this model" in line
-    assert "Unexpected key(s)" in line and "bias" in line
+    assert "step-00000020.pt holds a model with other shapes (" in line, line
+    assert "(body.0.weight (256, 16) -> (512, 16), body.0.bias (256,) -> (512,)," in line, line
+    assert "resume with the model it was trained with, or start a new --run-dir" in line
+
+    model.write_text(original)
+    _edit(model, "nn.LayerNorm(hidden_dim)", "nn.LayerNorm(hidden_dim, bias=False)")
+    done = run(project, *again)
+    assert done.returncode == 2
+    [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+    assert "(body.1.bias (256,) -> absent, body.5.bias (256,) -> absent; 2 tensors differ)" in line
     assert (project / "runs/a/metrics.jsonl").read_text() == before
+
+
+def test_a_same_shape_model_edit_resumes_saying_the_code_changed(tmp_path):
+    """Dropout raised and GELU swapped for ReLU keep every shape: the run resumes, and says in one
+    line that the code changed since its checkpoint, naming the file. A resume of unedited code
+    says nothing of the kind; an edit made while a run trains is the code's (checkpoints hold the
+    digests read as the run started), not the checkpoint's."""
+    project = render(tmp_path / "same", task="classification", device="cpu")
+    args = ("train", "--ckpt-every", "10", "--run-dir", "runs/a")
+    first = run(project, *args, "--max-steps", "20")
+    assert first.returncode == 0, first.stderr
+    unedited = run(project, *args, "--max-steps", "30")
+    assert unedited.returncode == 0, unedited.stderr
+    assert "resuming from runs/a/checkpoints/step-00000020.pt at step 20" in unedited.stdout
+    assert "code changed" not in unedited.stdout + unedited.stderr
+
+    model = project / "src" / "same" / "model.py"
+    _edit(model, "nn.GELU()", "nn.ReLU()")
+    _edit(model, "layers.append(nn.Dropout(dropout))", "layers.append(nn.Dropout(0.2))")
+    done = run(project, *args, "--max-steps", "40")
+
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    at = lines.index("resuming from runs/a/checkpoints/step-00000030.pt at step 30")
+    assert lines[at + 1] == "the code changed since this checkpoint was written: model.py"
+    assert sum("code changed" in line for line in lines) == 1
+    resumed = json.loads((project / "runs/a/run.json").read_text())["resumed"]
+    assert [r["at_step"] for r in resumed] == [20, 30]
+
+    # Reverted while the next session trains: its checkpoints are the edited code's, so the
+    # resume after it names model.py again.
+    command = _command(project, [*args, "--max-steps", "300", "--log-every", "1"])
+    with subprocess.Popen(command, cwd=project, env=_env(project), stdout=subprocess.PIPE,
+                          text=True) as proc:  # fmt: skip
+        printed = []
+        for line in proc.stdout:
+            printed.append(line)
+            if line.startswith("step 45/"):
+                _edit(model, "nn.ReLU()", "nn.GELU()")
+                _edit(model, "layers.append(nn.Dropout(0.2))", "layers.append(nn.Dropout(dropout))")
+    assert proc.returncode == 0
+    assert printed[0].startswith("resuming from") and not any("code changed" in p for p in printed)
+    done = run(project, *args, "--max-steps", "310")
+    assert (
+        "the code changed since this checkpoint was written: model.py" in done.stdout.splitlines()
+    )

@@ -338,6 +338,66 @@ def test_a_resume_with_another_model_size_is_refused_in_one_line(project, two_pr
     assert records(run_dir) == records(two_process_run)  # left as it was
 
 
+def test_a_model_edit_that_changes_shapes_is_refused_in_one_line_naming_them(
+    project, two_process_run, tmp_path
+):
+    """An edit to model.py (the first layer widened) is found in the shards' index before any
+    shard loads: one line naming the tensors and their whole shapes, saved -> now, not DCP's size
+    error from every rank; exit 2, as for a changed setting."""
+    edited = tmp_path / "edited"
+    shutil.copytree(project / "src", edited / "src")
+    shutil.copytree(two_process_run, edited / "runs" / "two")
+    model = edited / "src" / PACKAGE / "model.py"
+    old = "nn.Linear(width, hidden_dim), nn.LayerNorm(hidden_dim)"
+    assert old in model.read_text()
+    model.write_text(
+        model.read_text().replace(
+            old, "nn.Linear(width, 2 * hidden_dim), nn.LayerNorm(2 * hidden_dim)"
+        )
+    )
+    command = _torchrun(edited, "train", "--run-dir", "runs/two", "--max-steps", "50",
+                        "--batch-size", "16", *SMALL, extra=("--nnodes", "1"))  # fmt: skip
+    done = subprocess.run(command, cwd=edited, env=_env_ddp(edited), capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 2, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, done.stderr[-3000:]
+    assert "runs/two/checkpoints/step-00000040 holds a model with other shapes" in errors[0]
+    assert "(body.0.weight (256, 16) -> (512, 16), body.0.bias (256,) -> (512,)," in errors[0]
+    assert "Traceback" not in done.stderr
+    assert records(edited / "runs" / "two") == records(two_process_run)  # left as it was
+
+
+def test_checkpoints_by_the_clock_are_taken_by_every_rank_at_one_step_and_resume_exactly(
+    project, two_process_run
+):
+    """--ckpt-minutes near zero: a checkpoint by the clock nearly every step, whichever rank's
+    clock is due first (one all-reduce decides for all: a rank saving alone would hang DCP). The
+    records equal the reference's, and a resume from a clock's checkpoint ends bit-identical."""
+    args = ("train", "--run-dir", "runs/clock", "--max-steps", "40", "--batch-size", "16", *SMALL,
+            "--ckpt-every", "1000", "--ckpt-minutes", "0.0001", "--keep-last", "100")  # fmt: skip
+    command = _torchrun(project, *args, extra=("--nnodes", "1"))
+    done = subprocess.run(command, cwd=project, env=_env_ddp(project), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = project / "runs" / "clock"
+    steps = sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step-*"))
+    assert len(steps) >= 5 and steps[-1] == 40, steps
+    assert records(run_dir) == records(two_process_run)
+    for step in steps:
+        if step > 25:
+            shutil.rmtree(run_dir / "checkpoints" / f"step-{step:08d}")
+    command = _torchrun(project, *args, extra=("--nnodes", "1"))
+    done = subprocess.run(command, cwd=project, env=_env_ddp(project), capture_output=True,
+                          text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    resumed = max(step for step in steps if step <= 25)
+    assert (
+        f"resuming from runs/clock/checkpoints/step-{resumed:08d} at step {resumed}" in done.stdout
+    )
+    assert records(run_dir) == records(two_process_run)  # bit for bit
+
+
 def test_a_full_disk_on_rank_1_is_named_by_rank_and_reason_with_no_traceback(project):
     """Every rank writes its shards: rank 1's fill the disk. DCP gathers each rank's exception into
     a CheckpointException whose text is one traceback a rank; the line names rank 1 and the disk

@@ -68,6 +68,7 @@ class Config:
     run_dir: str = "runs/default"  # run.json, metrics.jsonl and checkpoints/; reused to resume
     log_every: int = 10  # steps between logged train records (the only host syncs in the loop)
     ckpt_every: int = 500  # steps between checkpoints
+    ckpt_minutes: float = 5.0  # minutes between checkpoints at most: a kill loses no more; 0: steps alone
     keep_last: int = 3  # step checkpoints kept; best.pt is kept besides them
     seed: int = fixed(0)  # seeds Python, NumPy and torch; with the epoch, fixes the sample order
     device: str = "cpu"  # where training runs (--device overrides it: --device cpu runs anywhere)
@@ -81,6 +82,7 @@ class Config:
         counts = "num_workers patience warmup_steps max_train_examples eval_every activation_checkpointing"
         for name in counts.split():
             _require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        _require(self.ckpt_minutes >= 0, f"ckpt_minutes must be >= 0, got {self.ckpt_minutes}")
         _require(0 < self.val_fraction < 1, f"val_fraction must be in (0, 1), got {self.val_fraction}")
         _require(0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}")
         _require(0 < self.lr < math.inf, f"lr must be a finite number > 0, got {self.lr}")

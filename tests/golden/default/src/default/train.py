@@ -132,6 +132,8 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
     cfg, engine, state, waits = loop.cfg, loop.engine, loop.state, loop.waits
     engine.model.train()
     started, first_step, stop, signum, saved = time.perf_counter(), state.step, False, 0, None
+    ckpt_seconds = cfg.ckpt_minutes * 60 or math.inf  # 0: by --ckpt-every steps alone
+    due = started + ckpt_seconds  # the next checkpoint by the clock, whatever the step
     shown = -cfg.log_every  # the step of the last validation line printed
     while state.step < cfg.max_steps and not stop:
         step_started = time.perf_counter()
@@ -139,9 +141,10 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
         loss, grad_norm = train_step(engine, batches, cfg, loop.device)
         state.step += 1
         progress.update()
-        signum = distributed.any_rank_max(signals.signum)  # every rank stops at the same step
+        # every rank stops, and checkpoints by the clock, at the same step: the first rank due decides
+        signum, overdue = distributed.any_rank_max(signals.signum, time.perf_counter() >= due)
         last = state.step == cfg.max_steps
-        save = state.step % cfg.ckpt_every == 0 or last or signum
+        save = state.step % cfg.ckpt_every == 0 or last or signum or overdue
         if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
             loss = distributed.all_reduce_sum(loss) / loop.group.world_size  # over every rank's examples
             log_train(loop, progress, loss.item(), lr, grad_norm.item())
@@ -155,6 +158,7 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
         if save or stop:
             saved = loop.checkpoints.save(payload(loop), state.step)
             loop.run.checkpointed(state.step)
+            due = time.perf_counter() + ckpt_seconds
         if signum:
             break
     seconds = time.perf_counter() - started

@@ -67,6 +67,7 @@ class Config:
     run_dir: str = "runs/default"  # run.json, metrics.jsonl and checkpoints/; reused to resume
     log_every: int = 10  # steps between logged train records (the only host syncs in the loop)
     ckpt_every: int = 500  # steps between checkpoints
+    ckpt_minutes: float = 5.0  # minutes between checkpoints at most: a kill loses no more; 0: steps alone
     keep_last: int = 3  # step checkpoints kept; best is kept besides them
     tracking_uri: str | None = None  # an MLflow server or database; None: a file store in run_dir/mlruns
     seed: int = fixed(0)  # seeds Python, NumPy and torch; with the epoch, fixes the sample order
@@ -82,6 +83,7 @@ class Config:
         counts = "num_workers patience warmup_steps max_train_examples eval_every activation_checkpointing"
         for name in counts.split():
             _require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        _require(self.ckpt_minutes >= 0, f"ckpt_minutes must be >= 0, got {self.ckpt_minutes}")
         _require(0 < self.val_fraction < 1, f"val_fraction must be in (0, 1), got {self.val_fraction}")
         _require(0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}")
         _require(self.input_noise >= 0, f"input_noise must be >= 0, got {self.input_noise}")

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from ..config import ConfigError
+
 STEP_NAME = re.compile(r"step-(\d+)\.pt")
 REQUIRED_KEYS = {"model", "optimizer", "scheduler", "state", "rng", "config", "data"}
 
@@ -98,6 +100,7 @@ def remove(path: Path) -> None:
 def restore(engine, path: Path, checkpoint: dict) -> None:
     """The model, optimizer and scheduler of `checkpoint` (read from `path`) into `engine`;
     one that does not fit the model (an edit changed its layers or shapes) is refused in one line."""
+    check_fits(path, shapes(checkpoint["model"]), shapes(engine.state_dict()["model"]))
     try:
         engine.load_state_dict(checkpoint)
     except (RuntimeError, KeyError, ValueError) as error:  # load_state_dict's: a heading, a line a mismatch
@@ -130,6 +133,20 @@ def load(path: Path) -> dict:
     if payload.pop("digest") != digest(payload):
         raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match its digest)")
     return payload
+
+
+def check_fits(path: Path, saved: dict, current: dict) -> None:
+    """Refuses a checkpoint whose model's tensors (name: shape) an edit changed, naming the first."""
+    if differ := [name for name in {**current, **saved} if saved.get(name) != current.get(name)]:
+        shown = ", ".join(f"{n} {saved.get(n, 'absent')} -> {current.get(n, 'absent')}" for n in differ[:3])
+        raise ConfigError(
+            f"{path} holds a model with other shapes ({shown}; {len(differ)} tensors differ): resume"
+            " with the model it was trained with, or start a new --run-dir"
+        )
+
+
+def shapes(tensors: dict) -> dict[str, tuple]:
+    return {name: tuple(t.shape) for name, t in tensors.items() if isinstance(t, torch.Tensor)}
 
 
 def digest(payload: dict) -> str:

@@ -84,8 +84,8 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def any_rank_max(value: int) -> int:
-    return value
+def any_rank_max(*values: int) -> list[int]:
+    return list(values)
 
 
 def broadcast_buffers(module: torch.nn.Module) -> None:

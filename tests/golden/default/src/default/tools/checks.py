@@ -42,7 +42,7 @@ from .timing import LOADER_WARN_SHARE, time_loader
 
 OVERFIT_EXAMPLES = 8
 OVERFIT_MAX_STEPS = 300
-OVERFIT_WARMUP = 10  # steps: the run's long warmup would spend the check's steps at a tiny rate
+OVERFIT_WARMUP = 10  # steps, then --lr held: the check's own schedule, whatever --max-steps says
 BATCH_CHECK_EXAMPLES = 4  # examples whose outputs are tested for dependence on each other
 PADDING_CHECK_EXAMPLES = 64  # where examples are padded: the shortest and longest of these
 INIT_LOSS_FACTOR = 1.5  # the loss at init may differ from initial_loss() by this factor either way
@@ -83,7 +83,7 @@ def check_overfit(cfg: Config) -> CheckResult:
     """A model that cannot memorise 8 examples has a bug: its loss must fall to model.overfit_target."""
     device, group = setup(cfg)
     splits = load_splits(cfg)
-    cfg = replace(cfg, warmup_steps=min(cfg.warmup_steps, OVERFIT_WARMUP))
+    cfg = replace(cfg, warmup_steps=min(cfg.warmup_steps, OVERFIT_WARMUP), min_lr=cfg.lr)  # no decay
     engine = Engine(cfg, splits, device)
     [(x, y)] = first_batches(splits, device, OVERFIT_EXAMPLES)
 
@@ -334,7 +334,7 @@ def _lock(work: Path, main: bool) -> RunLock | None:
             lock = RunLock(work)
         except RunFolderBusy as error:
             busy = error
-    if any_rank_max(int(busy is not None)):  # decided once, before any check
+    if any_rank_max(int(busy is not None))[0]:  # decided once, before any check
         raise busy or RunFolderBusy(f"{work} is in use by another check")
     return lock
 

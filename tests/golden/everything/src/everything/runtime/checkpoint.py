@@ -26,6 +26,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from ..config import ConfigError
 from .distributed import all_gather, barrier
 
 STEP_NAME = re.compile(r"step-(\d+)")
@@ -123,8 +124,17 @@ def remove(path: Path) -> None:
 
 def restore(engine, path: Path, checkpoint: dict) -> None:
     """The model's and optimizer's shards of the checkpoint at `path`, resharded to however many
-    processes load them, and the rest of `checkpoint` (its state.pt), into `engine`."""
-    engine.load_state_dict(checkpoint | load_shards(path, engine.state_dict()))
+    processes load them, and the rest of `checkpoint` (its state.pt), into `engine`; one that does
+    not fit the model (an edit changed its layers or shapes) is refused in one line."""
+    into = engine.state_dict()
+    metadata = FileSystemReader(path).read_metadata().state_dict_metadata  # every tensor's whole shape
+    saved = {
+        key.removeprefix("model."): tuple(meta.size)
+        for key, meta in metadata.items()
+        if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)
+    }
+    check_fits(path, saved, shapes(into["model"]))  # DTensors: their shapes are the whole tensors'
+    engine.load_state_dict(checkpoint | load_shards(path, into))
 
 
 def load_shards(path: Path, into: dict) -> dict:
@@ -189,6 +199,20 @@ def _verify(path: Path, files: dict, share: slice) -> None:
     for name in sorted(files)[share]:
         if file_digest(path / name) != files[name]:
             raise CheckpointError(f"checkpoint {path} is damaged ({name} does not match its digest)")
+
+
+def check_fits(path: Path, saved: dict, current: dict) -> None:
+    """Refuses a checkpoint whose model's tensors (name: shape) an edit changed, naming the first."""
+    if differ := [name for name in {**current, **saved} if saved.get(name) != current.get(name)]:
+        shown = ", ".join(f"{n} {saved.get(n, 'absent')} -> {current.get(n, 'absent')}" for n in differ[:3])
+        raise ConfigError(
+            f"{path} holds a model with other shapes ({shown}; {len(differ)} tensors differ): resume"
+            " with the model it was trained with, or start a new --run-dir"
+        )
+
+
+def shapes(tensors: dict) -> dict[str, tuple]:
+    return {name: tuple(t.shape) for name, t in tensors.items() if isinstance(t, torch.Tensor)}
 
 
 def digest(payload: dict) -> str:

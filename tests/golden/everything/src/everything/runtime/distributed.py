@@ -167,15 +167,15 @@ def all_reduce_sum(tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
-def any_rank_max(value: int) -> int:
-    """The largest of every rank's `value` (a stop signal's number, or 0), read on the host.
+def any_rank_max(*values: int) -> list[int]:
+    """Each value's maximum over the ranks (a stop signal's number, a checkpoint due), read on the host.
 
-    One small all-reduce a step, so that every rank stops at the same step; on a CPU (gloo)
-    group, so the GPU never waits for it.
+    One small all-reduce a step, so that every rank stops and checkpoints at the same step; on a
+    CPU (gloo) group, so the GPU never waits for it.
     """
-    found = torch.tensor([value])
+    found = torch.tensor(values)
     dist.all_reduce(found, op=dist.ReduceOp.MAX, group=_host_group())
-    return int(found[0])
+    return found.tolist()
 
 
 def broadcast_buffers(module: torch.nn.Module) -> None:

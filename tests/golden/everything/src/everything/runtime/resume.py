@@ -1,8 +1,10 @@
 """Machinery: what a run folder's past decides: a fresh start or the newest valid checkpoint
 restored, the settings a resume may not change, the decay's horizon when --max-steps moved, and
 what a checkpoint holds: with the training objects, every global RNG's state, so that a resumed
-run draws the same dropout masks and noise as one that never stopped."""
+run draws the same dropout masks and noise as one that never stopped; and the source files' digests."""
 
+import functools
+import hashlib
 import math
 import random
 from dataclasses import asdict
@@ -26,9 +28,16 @@ def restore_run(loop: Loop) -> dict | None:
     loop.engine; returns this rank's saved RNG streams (None for a fresh run, or a rank a reshard
     adds), for the caller to restore last."""
     cfg, group, say = loop.cfg, loop.group, loop.say
+    code = source_files()  # the code this process runs, read as it starts (not an edit made later)
     latest = loop.checkpoints.load_latest()
     record = run_record(cfg, loop.splits.describe(), PRECISION)  # run.json, unless resuming
     if latest is None:
+        run_dir = loop.checkpoints.path.parent
+        if (run_dir / "run.json").exists():  # a start stopped before its first checkpoint
+            say(
+                f"starting over at step 0: {cfg.run_dir} holds no step checkpoint (its run stopped at step"
+                f" {reached_step(run_dir)}, before its first): its run.json and metrics.jsonl are replaced"
+            )
         loop.run.start(record)
         loop.state = TrainState(schedule_steps=cfg.max_steps)
         return None
@@ -48,6 +57,9 @@ def restore_run(loop: Loop) -> dict | None:
     if state.step < cfg.max_steps:
         loop.run.resume(record, path, checkpoint)
         say(f"resuming from {path} at step {state.step}")
+        saved = checkpoint.get("code", code)  # older checkpoints hold no digests
+        if edited := sorted(name for name in code.keys() | saved.keys() if code.get(name) != saved.get(name)):
+            say(f"the code changed since this checkpoint was written: {', '.join(edited)}")
     if state.schedule_steps < planned:
         say(
             f"schedule: --max-steps {cfg.max_steps} re-plans the cosine decay to end there,"
@@ -70,6 +82,7 @@ def payload(loop: Loop) -> dict:
         "rng": all_gather(rng_state()),  # every rank's streams, restored rank by rank
         "config": asdict(loop.cfg),
         "data": loop.splits.describe(),
+        "code": source_files(),  # as the run started: a resume names the files edited since
         "tracker": loop.run.tracker_state(),  # resumes the same tracker run
     }
 
@@ -146,12 +159,26 @@ def check_checkpoints_kept(run_dir: Path) -> None:
         record = read_record(run_dir)
     except RunRecordError:
         return  # rebuilt on resume, with a warning
-    reached = max((r["step"] for r in read_metrics(run_dir) if r["split"] == "train"), default=0)
+    reached = reached_step(run_dir)
     if record.get("finished") or reached > record["config"].get("ckpt_every", math.inf):
         raise ConfigError(
             f"{run_dir / 'checkpoints'} holds no step checkpoint, though the run in {run_dir} reached"
             f" step {reached} and saved them: it cannot resume: start over in a new --run-dir"
         )
+
+
+def reached_step(run_dir: Path) -> int:
+    """The last step metrics.jsonl records training, 0 where it has none."""
+    if not (run_dir / "metrics.jsonl").exists():
+        return 0
+    return max((r["step"] for r in read_metrics(run_dir) if r["split"] == "train"), default=0)
+
+
+@functools.cache
+def source_files() -> dict[str, str]:
+    """Each Python file of the package and its digest, as this process first read them (at its start)."""
+    root = Path(__file__).resolve().parent.parent
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*.py")}
 
 
 def schedule_horizon(cfg: Config, step: int, planned: int) -> int:

@@ -36,6 +36,7 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
         max_steps=2 * n,
         warmup_steps=n // 3,
         ckpt_every=n,
+        ckpt_minutes=0,  # the checkpoints of steps N and 2N alone, however slow the steps
         eval_every=n // 2 + 1,
         log_every=1,
         keep_last=2,
