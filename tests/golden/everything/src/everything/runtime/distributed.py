@@ -22,8 +22,8 @@ import socket
 import subprocess
 import sys
 import time
-import weakref
 import warnings
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
