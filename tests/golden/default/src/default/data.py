@@ -70,27 +70,6 @@ class FeatureDataset(Dataset):
         return self.x[indices], self.y[indices]  # one gather per batch, not one per example
 
 
-def digest(*arrays: np.ndarray) -> str:
-    """A fingerprint of the data's contents: a resumed run refuses data that changed."""
-    hasher = hashlib.sha256()
-    for array in arrays:
-        hasher.update(np.ascontiguousarray(array).tobytes())
-    return hasher.hexdigest()[:16]
-
-
-def split_indices(n: int, cfg: Config, source: str) -> tuple[np.ndarray, np.ndarray]:
-    """Train and validation indices: a fixed validation subset, and the rest."""
-    order = np.random.default_rng(SPLIT_SEED).permutation(n)
-    n_val = max(1, round(n * cfg.val_fraction))
-    val_idx, train_idx = order[:n_val], order[n_val:]
-    if len(train_idx) < cfg.batch_size:
-        raise DataError(
-            f"{source}: the training split has {len(train_idx)} examples, "
-            f"fewer than one batch of {cfg.batch_size}: lower --batch-size"
-        )
-    return train_idx, val_idx
-
-
 @dataclass
 class Splits:
     train: FeatureDataset
@@ -242,17 +221,27 @@ def _from_arrays(x: np.ndarray, y: np.ndarray, source: str) -> Table:
     for column in (*features, label):
         check_numbers(Path(source), column)
     check_label(Path(source), label)
-    return Table(features, label, [], source, digest(x, y), features)
+    digest = hashlib.sha256(np.ascontiguousarray(x))  # of the contents: a resumed run refuses changed data
+    digest.update(np.ascontiguousarray(y))
+    return Table(features, label, [], source, digest.hexdigest()[:16], features)
 
 
 def labelled_split(table: Table, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
-    """Train and validation rows among those with a label (a row without one is left out)."""
+    """Train and validation rows among those with a label (a row without one is left out): a fixed
+    validation subset, and the rest."""
     rows = np.nonzero(~table.label.missing())[0]
     if len(rows) < len(table.label.values):
         n = len(table.label.values) - len(rows)
         note(f"{table.source}: {n:,} rows without a {TARGET_NAME} ({table.label.name!r}): left out")
-    train, val = split_indices(len(rows), cfg, table.source)
-    return rows[train], rows[val]
+    order = rows[np.random.default_rng(SPLIT_SEED).permutation(len(rows))]
+    n_val = max(1, round(len(rows) * cfg.val_fraction))
+    val, train = order[:n_val], order[n_val:]
+    if len(train) < cfg.batch_size:
+        raise DataError(
+            f"{table.source}: the training split has {len(train)} examples, "
+            f"fewer than one batch of {cfg.batch_size}: lower --batch-size"
+        )
+    return train, val
 
 
 def check_label(path: Path, label: Column) -> None:
