@@ -47,8 +47,7 @@ class DataError(ValueError):
 
 @dataclass
 class Column:
-    """One column as read: numbers (float64, NaN where missing) or text (`codes` into `names`, -1
-    where missing)."""
+    """One column as read: numbers (NaN where missing) or text (codes into `names`, -1 where missing)."""
 
     name: str
     values: np.ndarray  # (N,) float64 numbers, or int64 codes of text

@@ -32,20 +32,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from .columns import (
-    SUFFIXES,
-    Column,
-    DataError,
-    check_file,
-    check_numbers,
-    encode,
-    fit,
-    note,
-    read_npz,
-    read_table,
-    show,
-    table_columns,
-)
+from . import columns
+from .columns import Column, DataError, note
 from .config import Config
 from .runtime.checkpoint import file_digest
 from .runtime.loader import read_batch
@@ -68,27 +56,6 @@ class FeatureDataset(Dataset):
 
     def __getitems__(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.x[indices], self.y[indices]  # one gather per batch, not one per example
-
-
-def digest(*arrays: np.ndarray) -> str:
-    """A fingerprint of the data's contents: a resumed run refuses data that changed."""
-    hasher = hashlib.sha256()
-    for array in arrays:
-        hasher.update(np.ascontiguousarray(array).tobytes())
-    return hasher.hexdigest()[:16]
-
-
-def split_indices(n: int, cfg: Config, source: str) -> tuple[np.ndarray, np.ndarray]:
-    """Train and validation indices: a fixed validation subset, and the rest."""
-    order = np.random.default_rng(SPLIT_SEED).permutation(n)
-    n_val = max(1, round(n * cfg.val_fraction))
-    val_idx, train_idx = order[:n_val], order[n_val:]
-    if len(train_idx) < cfg.batch_size:
-        raise DataError(
-            f"{source}: the training split has {len(train_idx)} examples, "
-            f"fewer than one batch of {cfg.batch_size}: lower --batch-size"
-        )
-    return train_idx, val_idx
 
 
 @dataclass
@@ -133,8 +100,9 @@ def load_splits(cfg: Config) -> Splits:
     if len(unseen):
         note(f"{table.source}: {len(unseen):,} validation rows of classes training never saw: left out")
         val_idx = val_idx[y[val_idx] >= 0]
-    specs = fit(table.features, train_idx)
-    x_t, y_t = torch.from_numpy(encode(Path(table.source), table.features, specs)), torch.from_numpy(y)
+    specs = columns.fit(table.features, train_idx)
+    x = columns.encode(Path(table.source), table.features, specs)
+    x_t, y_t = torch.from_numpy(x), torch.from_numpy(y)
     return Splits(
         train=FeatureDataset(x_t[train_idx], y_t[train_idx]),
         val=FeatureDataset(x_t[val_idx], y_t[val_idx]),
@@ -187,23 +155,23 @@ def read_source(cfg: Config) -> Table:
         x, y = synthetic_data()
         return _from_arrays(x, y, "synthetic")
     path = Path(cfg.data)
-    check_file(path, (*SUFFIXES, ".npz"))
+    columns.check_file(path, (*columns.SUFFIXES, ".npz"))
     if path.suffix == ".npz":
         if cfg.label is not None:
             raise DataError(f"{path}: --label names a column of a table; a .npz holds its {TARGET_NAME} in y")
         return _from_arrays(*_read_npz(path), str(path))
-    columns = table_columns(path, read_table(path))
-    names = [column.name for column in columns]
+    in_file = columns.table_columns(path, columns.read_table(path))
+    names = [column.name for column in in_file]
     label = cfg.label or names[-1]
     if label not in names:
         shown = ", ".join(map(repr, names[:20])) + (", ..." if len(names) > 20 else "")
         raise DataError(f"{path}: no column {label!r} (--label) among {shown}")
-    target = columns[names.index(label)]
+    target = in_file[names.index(label)]
     if target.missing().all():
         which = "" if cfg.label else " (the last column: no --label given)"
         raise DataError(f"{path}: {label!r}{which} has no values: name the column to predict with --label")
     check_label(path, target)
-    others = [column for column in columns if column.name != label]
+    others = [column for column in in_file if column.name != label]
     ids, features = [], []
     for column in others:
         if column.is_id():
@@ -224,7 +192,7 @@ def read_source(cfg: Config) -> Table:
 
 
 def _read_npz(path: Path) -> tuple[np.ndarray, np.ndarray]:
-    arrays = read_npz(path)
+    arrays = columns.read_npz(path)
     x, y = arrays["x"], arrays["y"]
     if x.dtype.kind not in "biuf" or y.dtype.kind not in "biuf":
         raise DataError(f"{path}: x and y must be numeric, real: got {x.dtype} values and {y.dtype} values")
@@ -240,19 +208,29 @@ def _from_arrays(x: np.ndarray, y: np.ndarray, source: str) -> Table:
     features = [Column(f"x{i}", x[:, i].astype(np.float64)) for i in range(x.shape[1])]
     label = Column(TARGET_NAME, y.astype(np.float64))
     for column in (*features, label):
-        check_numbers(Path(source), column)
+        columns.check_numbers(Path(source), column)
     check_label(Path(source), label)
-    return Table(features, label, [], source, digest(x, y), features)
+    digest = hashlib.sha256(np.ascontiguousarray(x))  # of the contents: a resumed run refuses changed data
+    digest.update(np.ascontiguousarray(y))
+    return Table(features, label, [], source, digest.hexdigest()[:16], features)
 
 
 def labelled_split(table: Table, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
-    """Train and validation rows among those with a label (a row without one is left out)."""
+    """Train and validation rows among those with a label (a row without one is left out): a fixed
+    validation subset, and the rest."""
     rows = np.nonzero(~table.label.missing())[0]
     if len(rows) < len(table.label.values):
         n = len(table.label.values) - len(rows)
         note(f"{table.source}: {n:,} rows without a {TARGET_NAME} ({table.label.name!r}): left out")
-    train, val = split_indices(len(rows), cfg, table.source)
-    return rows[train], rows[val]
+    order = rows[np.random.default_rng(SPLIT_SEED).permutation(len(rows))]
+    n_val = max(1, round(len(rows) * cfg.val_fraction))
+    val, train = order[:n_val], order[n_val:]
+    if len(train) < cfg.batch_size:
+        raise DataError(
+            f"{table.source}: the training split has {len(train)} examples, "
+            f"fewer than one batch of {cfg.batch_size}: lower --batch-size"
+        )
+    return train, val
 
 
 def check_label(path: Path, label: Column) -> None:
@@ -310,7 +288,7 @@ def summarize(splits: Splits, n_samples: int = 5, n_stats: int = 10_000) -> str:
         )
     ids = f"; ids left out: {', '.join(splits.ids)}" if splits.ids else ""
     lines.append(f"label: {splits.label!r}; columns, fitted on the training split{ids}:")
-    lines += show(splits.columns)
+    lines += columns.show(splits.columns)
     x, y = read_batch(splits.train, torch.arange(min(len(splits.train), n_samples)))
     for i in range(len(y)):
         features = ", ".join(f"{v:.3g}" for v in x[i, :8].tolist())

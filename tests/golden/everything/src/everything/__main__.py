@@ -26,7 +26,7 @@ from .runtime.distributed import leave_with_the_group, lost_a_rank, report_failu
 from .runtime.rundir import RunDirError, fetch_checkpoint, fetch_run
 from .runtime.stopping import Aborted, RunFolderBusy
 from .runtime.store import StoreError, is_url
-from .tools.checks import run_checks
+from .tools.checks import CHECKS, run_checks
 from .tools.diagnose import run_diagnose
 from .tools.findings import DiagnoseError
 from .tools.profiling import profile
@@ -47,8 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
     add_config_arguments(commands.add_parser("train", help="train, or resume the run in --run-dir"))
     check = commands.add_parser("check", help="prove the training code: overfit, batch, init, loader, resume")
-    choices = ["all", "overfit", "batch", "init", "loader", "resume"]
-    check.add_argument("which", nargs="?", default="all", choices=choices)
+    check.add_argument("which", nargs="?", default="all", choices=["all", *CHECKS])
     add_config_arguments(check)
     add_config_arguments(commands.add_parser("inspect-data", help="shapes, labels and examples of the data"))
     plotter = commands.add_parser("plot", help="loss and metric curves of runs, overlaid")

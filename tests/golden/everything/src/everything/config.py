@@ -76,9 +76,8 @@ class Config:
     deterministic: bool = False  # bit-exact runs: deterministic kernels and one CPU thread
 
     def __post_init__(self) -> None:
-        for name in ("max_steps", "batch_size", "grad_accum_steps", "log_every"):
-            _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("ckpt_every", "keep_last", "hidden_dim", "n_layers"):
+        positive = ("max_steps", "batch_size", "grad_accum_steps", "log_every", "ckpt_every", "keep_last")
+        for name in (*positive, "hidden_dim", "n_layers"):
             _require(getattr(self, name) >= 1, f"{name} must be >= 1, got {getattr(self, name)}")
         counts = "num_workers patience warmup_steps max_train_examples eval_every activation_checkpointing"
         for name in counts.split():

@@ -87,11 +87,8 @@ class Engine:
 
     def state_dict(self) -> dict:
         model, optimizer = distributed.model_state(self.model, self.optimizer)
-        return {
-            "model": model,
-            "optimizer": optimizer,
-            "scheduler": self.scheduler.state_dict(),
-        }
+        state = {"model": model, "optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
+        return state
 
     def load_state_dict(self, state: dict) -> None:
         distributed.load_model_state(self.model, self.optimizer, state)

@@ -26,7 +26,8 @@ def newest_run() -> str:
     """The run a read command naming none reads: the one under runs/ whose run.json changed last."""
     runs = sorted(Path("runs").glob("*/run.json"), key=lambda path: path.stat().st_mtime)
     if not runs:
-        raise RunDirError("no run under runs/ to read: train one first (python -m default train)")
+        command = f"python -m {__package__.rpartition('.')[0]} train"
+        raise RunDirError(f"no run under runs/ to read: train one first ({command})")
     print(f"reading {runs[-1].parent} (the newest run under runs/)", file=sys.stderr)
     return str(runs[-1].parent)
 

@@ -169,7 +169,12 @@ def run_record(cfg: Config, data: dict, precision: str) -> dict:
         "data": data,
         "git": git_state(),
         "source_digest": source_digest(),  # the code that ran, committed or not (report matches checks by it)
-        "versions": library_versions(),
+        "versions": {
+            "python": platform.python_version(),
+            "torch": torch.__version__,
+            "numpy": np.__version__,
+            "platform": platform.platform(),
+        },
         "command": sys.argv,
         "started": now_utc(),
         "resumed": [],
@@ -200,15 +205,6 @@ def source_digest() -> str:
     for path in sorted(package.rglob("*.py")):
         digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
     return digest.hexdigest()[:16]
-
-
-def library_versions() -> dict:
-    return {
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "numpy": np.__version__,
-        "platform": platform.platform(),
-    }
 
 
 def now_utc() -> str:

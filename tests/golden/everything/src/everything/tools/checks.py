@@ -151,7 +151,7 @@ def check_batch_independence(cfg: Config) -> CheckResult:
         return CheckResult("batch", False, detail)
     detail += "no example depends on another"
     if cfg.activation_checkpointing:
-        if drift := recomputation_drift(cfg, splits, device, batches[0]):
+        if drift := recomputation_drift(cfg, splits, device, x, y):
             return CheckResult("batch", False, f"{detail}; but {drift}")
         detail += "; recomputed blocks give the gradients of kept ones"
     padding = padding_leak(model, splits.train, device) if hasattr(splits.train, "collate") else None
@@ -160,12 +160,11 @@ def check_batch_independence(cfg: Config) -> CheckResult:
     return CheckResult("batch", True, detail + ("; nor on its padding" if padding == "" else ""))
 
 
-def recomputation_drift(cfg: Config, splits, device: torch.device, batch) -> str | None:
-    """With --activation-checkpointing: a training forward and backward of `batch` with the blocks
+def recomputation_drift(cfg: Config, splits, device: torch.device, x, y) -> str | None:
+    """With --activation-checkpointing: a training forward and backward of a batch with the blocks
     recomputed, against the same model keeping its activations, from the same random state. A block
     whose recomputation differs (it draws random numbers outside torch, or changes state in its
     forward) trains on the gradients of another forward than the one it ran: named, not left to drift."""
-    x, y = batch
     results = []
     for every in (0, cfg.activation_checkpointing):
         torch.manual_seed(cfg.seed)  # the same weights (a plain process builds them from the global RNG)

@@ -46,8 +46,7 @@ def plot(run_dirs: list[str], output: str) -> Path:
             if points:
                 ax.plot(*zip(*points, strict=True), "o--", color=color, ms=3, label=run_dir)
     for ax, name in zip(axes, ["loss", *(f"val {name}" for name in extra)], strict=True):
-        ax.set_xlabel("step")
-        ax.set_title(name)
+        ax.set(xlabel="step", title=name)
         ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(output, dpi=120)
