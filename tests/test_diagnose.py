@@ -89,7 +89,9 @@ def write_run(
         record = {"step": step, "split": "train", "loss": loss, "lr": lr_at(step - 1, cfg)}
         lines.append({**record, "grad_norm": grad_norm(step), **extra(step)})
         if step % 100 == 0:
-            lines.append({"step": step, "split": "val", "loss": val(step), "accuracy": accuracy(step)})
+            lines.append(
+                {"step": step, "split": "val", "loss": val(step), "accuracy": accuracy(step)}
+            )
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     done = {"step": last_step, "seconds": 10.0, "examples_per_s": 50_000.0, "data_wait_share": 0.02}
@@ -178,7 +180,9 @@ def with_classes(run_dir: Path, classes: int) -> Path:
 
 def test_a_run_at_chance_accuracy_is_near_chance(diag, tmp_path):
     """Train falls, validation stays at chance: 0.30 on 4 classes, under a fifth of the way to 1."""
-    run_dir = with_classes(write_run(tmp_path / "chance", val=lambda s: 1.0, accuracy=lambda s: 0.3), 4)
+    run_dir = with_classes(
+        write_run(tmp_path / "chance", val=lambda s: 1.0, accuracy=lambda s: 0.3), 4
+    )
     [finding] = diag.diagnose(diag.load_run(str(run_dir)), leak_test=False)
     assert finding.name == "near-chance"
     assert "best val accuracy 0.300 against chance 0.250 (4 classes)" in finding.evidence
@@ -191,12 +195,15 @@ def test_the_image_defaults_first_run_as_the_issue_found_it_is_near_chance(diag,
     """Stopped early at step 230 of 2,000 with val loss 1.32 against ln 4 = 1.386, accuracy 0.43 at
     best: diagnose said nothing."""
     run_dir = write_run(
-        tmp_path / "first", train=lambda s: 1.4 - s / 1000, val=lambda s: 1.324, accuracy=lambda s: 0.43,
-        last_step=230, finished={"step": 230},
+        tmp_path / "first", train=lambda s: 1.4 - s / 1000, val=lambda s: 1.324,
+        accuracy=lambda s: 0.43, last_step=230, finished={"step": 230},
     )  # fmt: skip
     [finding] = diag.diagnose(diag.load_run(str(with_classes(run_dir, 4))), leak_test=False)
     assert finding.name == "near-chance" and finding.step == 100
-    assert "best val loss 1.324 at step 100, 96% of the 1.386 before training (ln 4)" in finding.evidence
+    assert (
+        "best val loss 1.324 at step 100, 96% of the 1.386 before training (ln 4)"
+        in finding.evidence
+    )
     assert "early stopping ended it at step 230 of 2000" in finding.evidence
 
 
@@ -204,10 +211,12 @@ def test_an_early_stop_with_the_loss_still_high_is_stopped_early(diag, tmp_path)
     def falling(step: int) -> float:  # without classes: against the first logged train loss
         return 1.4 - step / 1000
 
-    run_dir = write_run(tmp_path / "high", train=falling, val=lambda s: 0.9, last_step=400, finished={"step": 400})
+    run_dir = write_run(
+        tmp_path / "high", train=falling, val=lambda s: 0.9, last_step=400, finished={"step": 400}
+    )
     [finding] = diag.diagnose(diag.load_run(str(run_dir)), leak_test=False)
     assert finding.name == "stopped-early" and finding.step == 400
-    assert "before training (train loss at step 10)" in finding.evidence
+    assert "before training (the first logged)" in finding.evidence
     assert "--patience" in finding.line()
     low = write_run(tmp_path / "low", last_step=1300, finished={"step": 1300})
     assert names(diag, low) == []  # early stopping after the loss fell: its purpose

@@ -2,7 +2,9 @@
 
 import itertools
 import os
+import sys
 import time
+from contextlib import closing
 from dataclasses import dataclass, replace
 
 import torch
@@ -10,8 +12,10 @@ import torch
 from ..config import Config
 from ..data import load_splits
 from ..runtime.device import sample_utilization, synchronize
+from ..runtime.distributed import is_main_process
 from ..runtime.engine import Engine, setup
 from ..runtime.loader import build_loaders, close
+from ..runtime.progress import announced
 from ..runtime.state import TrainState, Waits, micro_batches, waited
 from ..train import train_step
 
@@ -38,9 +42,10 @@ def time_loader(cfg: Config) -> LoaderTiming:
     splits = load_splits(cfg)
     loader, _, sampler = build_loaders(splits, cfg, device)
     batches = micro_batches(loader, sampler, TrainState())
-    for _ in range(10):  # start the workers and fill their queues
-        next(batches)
-    load_per_batch = min(_time_batches(batches, LOADER_BATCHES // ROUNDS) for _ in range(ROUNDS))
+    with closing(_phase(10 + LOADER_BATCHES, "batch", "the loader alone")) as ticks:
+        for _ in itertools.islice(ticks, 10):  # start the workers and fill their queues
+            next(batches)
+        load_per_batch = min(_time_batches(batches, LOADER_BATCHES // ROUNDS, ticks) for _ in range(ROUNDS))
     by_workers = samples_per_s_by_workers(splits, cfg, device)
 
     engine = Engine(cfg, splits, device)
@@ -50,11 +55,15 @@ def time_loader(cfg: Config) -> LoaderTiming:
 
     on_device = [tuple(t.to(device) for t in next(batches)) for _ in range(cfg.grad_accum_steps)]
     fixed = itertools.cycle(on_device)
-    _time_steps(step, fixed, device, 3)  # warm-up
-    compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
+    with closing(_phase(3 + WINDOW_STEPS // ROUNDS * ROUNDS, "step", "training steps alone")) as ticks:
+        _time_steps(step, fixed, device, 3, ticks)  # warm-up
+        compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS, ticks) for _ in range(ROUNDS))
     waits = Waits()  # waited() adds each batch's wait to waits.data
     loading = waited(batches, waits)
-    window, gpu_util = sample_utilization(device, lambda: _time_steps(step, loading, device, WINDOW_STEPS))
+    with closing(_phase(WINDOW_STEPS, "step", "training steps with the loader")) as ticks:
+        window, gpu_util = sample_utilization(
+            device, lambda: _time_steps(step, loading, device, WINDOW_STEPS, ticks)
+        )
     return LoaderTiming(
         load_per_step=load_per_batch * cfg.grad_accum_steps,
         samples_per_s_alone=cfg.batch_size / load_per_batch,
@@ -77,31 +86,42 @@ def samples_per_s_by_workers(splits, cfg: Config, device: torch.device) -> dict[
     the loader uses workers (a loader of in-memory tensors is fastest without: {} then)."""
     if cfg.num_workers == 0:
         return {}
-    rates = {}
-    for workers in worker_counts(cfg.num_workers):
-        tried = replace(cfg, num_workers=workers)
-        loader, _, sampler = build_loaders(splits, tried, device)
-        batches = micro_batches(loader, sampler, TrainState())
-        next(batches)  # the workers start
-        rates[workers] = cfg.batch_size / _time_batches(batches, SWEEP_BATCHES)
-        batches.close()
-        close(loader)
+    rates, counts = {}, worker_counts(cfg.num_workers)
+    with closing(_phase(len(counts) * SWEEP_BATCHES, "batch", "the loader alone by --num-workers")) as ticks:
+        for workers in counts:
+            tried = replace(cfg, num_workers=workers)
+            loader, _, sampler = build_loaders(splits, tried, device)
+            batches = micro_batches(loader, sampler, TrainState())
+            next(batches)  # the workers start
+            rates[workers] = cfg.batch_size / _time_batches(batches, SWEEP_BATCHES, ticks)
+            batches.close()
+            close(loader)
     return rates
 
 
-def _time_batches(batches, count: int) -> float:
+def _phase(count: int, unit: str, what: str):
+    """The ticks of a timed phase, drawn by its rounds: rank 0 says what it times as it starts,
+    then where it is (a bar on a terminal, a line every 30 s in a log)."""
+    if is_main_process():
+        print(f"check loader: {what}...", file=sys.stderr, flush=True)
+        yield from announced(range(count), "check loader", unit)
+    else:
+        yield from range(count)
+
+
+def _time_batches(batches, count: int, ticks) -> float:
     """Seconds per batch drawn from the loader alone."""
     start = time.perf_counter()
-    for _ in range(count):
+    for _ in itertools.islice(ticks, count):
         next(batches)
     return (time.perf_counter() - start) / count
 
 
-def _time_steps(step, batches, device: torch.device, count: int) -> float:
+def _time_steps(step, batches, device: torch.device, count: int, ticks) -> float:
     """Seconds per optimizer step."""
     synchronize(device)
     start = time.perf_counter()
-    for _ in range(count):
+    for _ in itertools.islice(ticks, count):
         step(batches)
     synchronize(device)
     return (time.perf_counter() - start) / count

@@ -10,6 +10,7 @@ with the learning rate rescaled to it; find_batch_size says how it measures them
 """
 
 import math
+import sys
 import time
 from dataclasses import replace
 
@@ -20,6 +21,7 @@ from ..data import load_splits
 from ..runtime import device as hardware
 from ..runtime.engine import Engine, setup
 from ..runtime.loader import EpochDataset, build_loaders
+from ..runtime.progress import announced
 from ..runtime.state import TrainState, micro_batches
 from ..train import train_step
 
@@ -43,7 +45,8 @@ def lr_range(cfg: Config, steps: int = RANGE_STEPS) -> list[tuple[float, float]]
     batches = micro_batches(loader, sampler, TrainState())
     engine.model.train()
     points, average, best = [], 0.0, math.inf
-    for i in range(steps):
+    print(f"find-lr: {steps} steps, lr {LR_START:g} up to {LR_END:g}...", file=sys.stderr, flush=True)
+    for i in announced(range(steps), "find-lr", "step"):
         lr = LR_START * (LR_END / LR_START) ** (i / (steps - 1))
         for group in engine.optimizer.param_groups:
             group["lr"] = lr  # the sweep replaces the warmup and decay
