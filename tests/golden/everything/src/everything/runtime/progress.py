@@ -59,5 +59,6 @@ def announced(
         yield batch  # the caller's work on it is timed too
         now = clock()
         if now - last >= every and done != total:
-            print(f"{what}: {done}/{total} {unit}s, {now - start:.0f} s", file=sys.stderr, flush=True)
+            units = "batches" if unit == "batch" else f"{unit}s"
+            print(f"{what}: {done}/{total} {units}, {now - start:.0f} s", file=sys.stderr, flush=True)
             last = now
