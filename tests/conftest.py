@@ -7,6 +7,8 @@ import collections
 import os
 import subprocess
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -114,8 +116,30 @@ def pytest_configure(config) -> None:
         combinations()
 
 
+_COLLECTED = threading.Event()
+
+
+def pytest_collection(session) -> None:
+    """pytest says nothing while it imports the test modules (with -q, or in a log: a minute and
+    more under load): a line every 8 s says how long it has been, so a slow collection is not
+    taken for a hung one. (Under xdist the workers collect, and say nothing.)"""
+    start, capture = time.monotonic(), session.config.pluginmanager.getplugin("capturemanager")
+
+    def speak() -> None:
+        while not _COLLECTED.wait(8.0):
+            with capture.global_and_fixture_disabled():  # collection's output is captured
+                print(f"collecting: {time.monotonic() - start:.0f} s", file=sys.stderr, flush=True)
+
+    threading.Thread(target=speak, daemon=True).start()
+
+
+def pytest_collection_finish(session) -> None:
+    _COLLECTED.set()
+
+
 def pytest_sessionfinish(session) -> None:
     """On a pytest-xdist worker, hands its counts to the controller, which alone prints."""
+    _COLLECTED.set()
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:
         workeroutput["tally"] = {suite: dict(counts) for suite, counts in _TALLY.items()}

@@ -77,6 +77,7 @@ def write_run(
     last_step: int = MAX_STEPS,
     finished: dict | None = None,
     extra=lambda step: {},
+    accuracy=lambda step: 0.7,
     **config,
 ) -> Path:
     """A run folder as `train` leaves it: train records every 10 steps, validation every 100."""
@@ -88,7 +89,9 @@ def write_run(
         record = {"step": step, "split": "train", "loss": loss, "lr": lr_at(step - 1, cfg)}
         lines.append({**record, "grad_norm": grad_norm(step), **extra(step)})
         if step % 100 == 0:
-            lines.append({"step": step, "split": "val", "loss": val(step), "accuracy": 0.7})
+            lines.append(
+                {"step": step, "split": "val", "loss": val(step), "accuracy": accuracy(step)}
+            )
     run_dir.mkdir(parents=True)
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     done = {"step": last_step, "seconds": 10.0, "examples_per_s": 50_000.0, "data_wait_share": 0.02}
@@ -165,6 +168,58 @@ def test_overfitting_that_early_stopping_ended_is_not_a_finding(diag, tmp_path):
         tmp_path / "stopped", val=overfit_val, last_step=1300, finished={"step": 1300}
     )
     assert names(diag, run_dir) == []
+
+
+def with_classes(run_dir: Path, classes: int) -> Path:
+    """The run's data as image and classification runs record it: the class names."""
+    record = json.loads((run_dir / "run.json").read_text())
+    record["data"] = {"classes": [f"c{i}" for i in range(classes)]}
+    (run_dir / "run.json").write_text(json.dumps(record))
+    return run_dir
+
+
+def test_a_run_at_chance_accuracy_is_near_chance(diag, tmp_path):
+    """Train falls, validation stays at chance: 0.30 on 4 classes, under a fifth of the way to 1."""
+    run_dir = with_classes(
+        write_run(tmp_path / "chance", val=lambda s: 1.0, accuracy=lambda s: 0.3), 4
+    )
+    [finding] = diag.diagnose(diag.load_run(str(run_dir)), leak_test=False)
+    assert finding.name == "near-chance"
+    assert "best val accuracy 0.300 against chance 0.250 (4 classes)" in finding.evidence
+    assert "inspect-data" in finding.line() and "find-lr" in finding.line()
+    healthy = with_classes(write_run(tmp_path / "learnt", accuracy=lambda s: 0.45), 4)
+    assert names(diag, healthy) == []  # past 0.40, with its loss well below ln 4
+
+
+def test_the_image_defaults_first_run_as_the_issue_found_it_is_near_chance(diag, tmp_path):
+    """Stopped early at step 230 of 2,000 with val loss 1.32 against ln 4 = 1.386, accuracy 0.43 at
+    best: diagnose said nothing."""
+    run_dir = write_run(
+        tmp_path / "first", train=lambda s: 1.4 - s / 1000, val=lambda s: 1.324,
+        accuracy=lambda s: 0.43, last_step=230, finished={"step": 230},
+    )  # fmt: skip
+    [finding] = diag.diagnose(diag.load_run(str(with_classes(run_dir, 4))), leak_test=False)
+    assert finding.name == "near-chance" and finding.step == 100
+    assert (
+        "best val loss 1.324 at step 100, 96% of the 1.386 before training (ln 4)"
+        in finding.evidence
+    )
+    assert "early stopping ended it at step 230 of 2000" in finding.evidence
+
+
+def test_an_early_stop_with_the_loss_still_high_is_stopped_early(diag, tmp_path):
+    def falling(step: int) -> float:  # without classes: against the first logged train loss
+        return 1.4 - step / 1000
+
+    run_dir = write_run(
+        tmp_path / "high", train=falling, val=lambda s: 0.9, last_step=400, finished={"step": 400}
+    )
+    [finding] = diag.diagnose(diag.load_run(str(run_dir)), leak_test=False)
+    assert finding.name == "stopped-early" and finding.step == 400
+    assert "before training (the first logged)" in finding.evidence
+    assert "--patience" in finding.line()
+    low = write_run(tmp_path / "low", last_step=1300, finished={"step": 1300})
+    assert names(diag, low) == []  # early stopping after the loss fell: its purpose
 
 
 def test_val_better_than_train_is_normal_only_with_dropout(diag, tmp_path):

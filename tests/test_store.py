@@ -23,13 +23,17 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed.checkpoint as dcp
 from test_ddp import _workers
 from test_project import _command, _env, render
 
-boto3 = pytest.importorskip("boto3")
-pytest.importorskip("s3fs")
-pytest.importorskip("moto")
+
+@pytest.fixture(autouse=True)
+def _s3_libraries():
+    """boto3, s3fs and moto, or the test is skipped: checked here, not as the module is collected
+    (importing them took seconds of every collection)."""
+    for name in ("boto3", "s3fs", "moto"):
+        pytest.importorskip(name)
+
 
 MAX_STEPS = 80
 SMALL_RUN = (
@@ -94,6 +98,8 @@ def moto_server(**env):
 @pytest.fixture(scope="module")
 def endpoint():
     with moto_server() as url:
+        import boto3
+
         client = boto3.client("s3", endpoint_url=url, **s3_keys())
         client.create_bucket(Bucket="runs")
         yield url
@@ -150,6 +156,8 @@ def train(project, url, cwd, env, stop_at: int | None = None) -> tuple[int, str,
 
 
 def stored(endpoint: str, prefix: str) -> dict[str, bytes]:
+    import boto3
+
     client = boto3.client("s3", endpoint_url=endpoint, **s3_keys())
     listed = client.list_objects_v2(Bucket="runs", Prefix=prefix).get("Contents", [])
     body = {o["Key"]: client.get_object(Bucket="runs", Key=o["Key"])["Body"] for o in listed}
@@ -357,6 +365,8 @@ def test_fsdp_a_run_killed_and_its_disk_lost_resumes_on_a_fresh_machine_bit_for_
 
 def whole_model(folder: Path) -> dict:
     """A checkpoint folder's model weights, whole, read here on one process."""
+    import torch.distributed.checkpoint as dcp
+
     metadata = dcp.FileSystemReader(folder).read_metadata().state_dict_metadata
     tensors = {
         key: torch.empty(meta.size, dtype=meta.properties.dtype)

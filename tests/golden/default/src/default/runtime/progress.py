@@ -42,20 +42,23 @@ class Progress:
         self.bar.close()
 
 
-def announced(batches, what: str, every: float = PASS_LINE_EVERY_S, clock=time.perf_counter):
-    """`batches`, passed through, saying where a long pass is: on a terminal a bar that appears
-    after 2 s and goes when the pass ends; in a log a line on stderr every `every` seconds."""
+def announced(
+    batches, what: str, unit: str = "batch", every: float = PASS_LINE_EVERY_S, clock=time.perf_counter
+):
+    """`batches` (or steps), passed through, saying where a long pass is: on a terminal a bar that
+    appears after 2 s and goes when the pass ends; in a log a line on stderr every `every` seconds."""
     try:
         total = len(batches)
     except TypeError:  # an iterable without a length
         total = "?"
     if sys.stderr.isatty():
-        yield from tqdm(batches, desc=what, unit="batch", leave=False, delay=2.0, dynamic_ncols=True)
+        yield from tqdm(batches, desc=what, unit=unit, leave=False, delay=2.0, dynamic_ncols=True)
         return
     start = last = clock()
     for done, batch in enumerate(batches, 1):
         yield batch  # the caller's work on it is timed too
         now = clock()
         if now - last >= every and done != total:
-            print(f"{what}: {done}/{total} batches, {now - start:.0f} s", file=sys.stderr, flush=True)
+            units = "batches" if unit == "batch" else f"{unit}s"
+            print(f"{what}: {done}/{total} {units}, {now - start:.0f} s", file=sys.stderr, flush=True)
             last = now

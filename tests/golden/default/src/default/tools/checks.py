@@ -32,6 +32,7 @@ from ..model import compute_loss, initial_loss, overfit_target
 from ..runtime.distributed import all_reduce_sum, any_rank_max, init_distributed, run_as_processes
 from ..runtime.engine import Engine, setup
 from ..runtime.loader import EpochDataset
+from ..runtime.progress import announced
 from ..runtime.records import commit_label
 from ..runtime.runlog import PROJECT, git_state, make_folders, now_utc, source_digest, write_json_atomically
 from ..runtime.stopping import RunFolderBusy, RunLock
@@ -98,7 +99,8 @@ def check_overfit(cfg: Config) -> CheckResult:
         return CheckResult("overfit", False, f"no finite gradient reaches {', '.join(no_grad)}")
 
     first = target = None
-    for step in range(1, OVERFIT_MAX_STEPS + 1):
+    steps = range(1, OVERFIT_MAX_STEPS + 1)
+    for step in announced(steps, "check overfit", "step") if group.is_main else steps:
         train_step(engine, _repeat((x, y)), cfg, device)
         with torch.no_grad():  # memorised means so without dropout, as the model predicts
             loss = compute_loss(engine.model.eval()(x), y)

@@ -28,6 +28,10 @@ CHECKS = {  # the first checks the training rules give, by finding
     "lr_factor?): build it for max_steps",
     "grad-norm-pinned": "every update is clipped far below its norm: --grad-clip too low for this "
     "model, or gradients growing (learning rate too high)",
+    "near-chance": "the data (inspect-data: labels, classes too alike or too small to see); the learning "
+    "rate (find-lr) and --warmup-steps against --max-steps; labels misaligned",
+    "stopped-early": "validation too noisy for --patience (a larger --val-fraction, a higher --patience); "
+    "the learning rate (find-lr)",
 }
 
 

@@ -1,5 +1,6 @@
 """Tool: diagnose's rules on how the loop ran: waiting for data, the learning-rate schedule (a run
-ended in warmup, a restarted schedule, one that ended early), gradient clipping that always acts.
+ended in warmup, a restarted schedule, one that ended early), gradient clipping that always acts,
+and how the run ended (near chance, or stopped early with its loss still high).
 Each reads a Run and returns its findings; the thresholds below say why each value.
 """
 
@@ -17,6 +18,9 @@ CLIP_PINNED_SHARE = 0.9  # steps after warmup with the gradient norm over the cl
 # and their median norm 10x the clip: just over it costs AdamW little (it rescales its updates),
 # ten times over, the clip is far too low or the gradients keep growing
 CLIP_PINNED_FACTOR = 10.0
+CHANCE_SHARE = 0.2  # best val accuracy within a fifth of the way from chance (1/classes) to 1
+START_SHARE = 0.9  # or best val loss above 90% of the loss before training: next to nothing learnt
+EARLY_HIGH_SHARE = 0.5  # an early stop with val loss above half the starting loss stopped a run too soon
 
 
 def find_loader_bound(run: Run) -> list[Finding]:
@@ -86,3 +90,30 @@ def find_clip_pinned(run: Run) -> list[Finding]:
         f"(median {median:.3g}, from step {over[0]['step']})"
     )
     return [Finding("grad-norm-pinned", evidence, over[0]["step"])]
+
+
+def find_near_chance(run: Run) -> list[Finding]:
+    """A run that ended about where it started (validation accuracy near chance, or its loss near
+    the loss before training: ln C for C classes, else the first logged), or that early stopping
+    ended with its loss still high."""
+    val, data = [r for r in run.val if math.isfinite(r["loss"])], run.record.get("data") or {}
+    classes = data.get("n_classes") or len(data.get("classes") or ())
+    if not val or not (classes > 1 or run.train):
+        return []
+    first = (run.train[0]["loss"], "the first logged") if run.train else None
+    start, source = (math.log(classes), f"ln {classes}") if classes > 1 else first
+    best, accuracy = min(val, key=lambda r: r["loss"]), max(r.get("accuracy", -1) for r in val)
+    notes = [f"best val loss {best['loss']:.4g} at step {best['step']}, {best['loss'] / start:.0%} of the"]
+    notes[0] += f" {start:.4g} before training ({source})"
+    at_chance = classes > 1 and 0 <= accuracy <= 1 / classes + CHANCE_SHARE * (1 - 1 / classes)
+    if at_chance:
+        notes.append(f"best val accuracy {accuracy:.3f} against chance {1 / classes:.3f} ({classes} classes)")
+    finished, cfg = run.record.get("finished") or {}, run.config
+    early = not finished.get("stopped_by") and finished.get("step", math.inf) < cfg.get("max_steps", 0)
+    if early:
+        notes.append(f"early stopping ended it at step {finished['step']} of {cfg['max_steps']}")
+    if at_chance or best["loss"] >= START_SHARE * start:
+        return [Finding("near-chance", "; ".join(notes), best["step"])]
+    if early and best["loss"] >= EARLY_HIGH_SHARE * start:
+        return [Finding("stopped-early", "; ".join(notes), finished["step"])]
+    return []

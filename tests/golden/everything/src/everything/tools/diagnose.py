@@ -14,7 +14,7 @@ and loop_findings.py, each threshold named there with its reason.
 import json
 
 from .findings import Finding, Run, load_run
-from .loop_findings import find_clip_pinned, find_loader_bound, find_schedule
+from .loop_findings import find_clip_pinned, find_loader_bound, find_near_chance, find_schedule
 from .loss_findings import find_flat, find_nan, find_overfitting, find_spiky, find_val_better
 
 
@@ -25,8 +25,11 @@ def diagnose(run: Run, leak_test: bool = True) -> list[Finding]:
         return nan + find_loader_bound(run)
     found = [*find_flat(run), *find_overfitting(run), *find_val_better(run, leak_test)]
     found += [*find_spiky(run), *find_loader_bound(run), *find_schedule(run)]
-    if not any(f.name == "flat" for f in found):  # a loss that does not move keeps its gradient large
+    names = {f.name for f in found}
+    if "flat" not in names:  # a loss that does not move keeps its gradient large
         found += find_clip_pinned(run)
+    if not names & {"flat", "lr-in-warmup"}:  # each explains a run that learnt next to nothing
+        found += find_near_chance(run)
     return found
 
 

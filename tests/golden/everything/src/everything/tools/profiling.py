@@ -13,6 +13,7 @@ in three passes after a warm-up:
 Then the verdict of the rules: fix the loader first when the data wait is a real share of a step.
 """
 
+import sys
 import time
 from pathlib import Path
 
@@ -20,11 +21,15 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..config import Config
+from ..data import load_splits
 from ..model import compute_loss
 from ..runtime.device import mfu, profiler_view, synchronize
-from ..runtime.engine import PRECISION, Engine
+from ..runtime.engine import PRECISION, Engine, setup
+from ..runtime.loader import build_loaders
+from ..runtime.progress import announced
+from ..runtime.state import TrainState, micro_batches
 from ..train import train_step
-from .timing import LOADER_WARN_SHARE, fresh_training, seconds_each
+from .timing import LOADER_WARN_SHARE
 
 PHASES = ("data", "copy", "forward", "backward", "optimizer")
 WARMUP_STEPS = 5  # compilation, the allocator and the loader workers settle before any timing
@@ -55,15 +60,26 @@ class PhaseTimer:
 
 def profile(cfg: Config, output: str) -> str:
     """Runs the three passes; the lines to print. Writes the trace under `output`."""
-    device, _, engine, batches = fresh_training(cfg)
+    device, _ = setup(cfg)
+    splits = load_splits(cfg)
+    loader, _, sampler = build_loaders(splits, cfg, device)
+    batches = micro_batches(loader, sampler, TrainState())
+    engine = Engine(cfg, splits, device)
 
-    def steps(count: int, **mark) -> float:
-        return seconds_each(lambda: train_step(engine, batches, cfg, device, **mark), count, device)
+    def steps(count: int, what: str, **mark) -> float:
+        """Seconds per step over `count` steps, the device synchronised at the end."""
+        print(f"profile: {count} {what}...", file=sys.stderr, flush=True)
+        synchronize(device)
+        start = time.perf_counter()
+        for _ in announced(range(count), "profile", "step"):
+            train_step(engine, batches, cfg, device, **mark)
+        synchronize(device)
+        return (time.perf_counter() - start) / count
 
-    steps(WARMUP_STEPS)
+    steps(WARMUP_STEPS, "warm-up steps")
     timer = PhaseTimer(device)
-    synced = steps(SPLIT_STEPS, mark=timer)
-    unsynced = steps(SPLIT_STEPS)
+    synced = steps(SPLIT_STEPS, "steps timed phase by phase", mark=timer)
+    unsynced = steps(SPLIT_STEPS, "steps timed whole")
     split = {phase: seconds / SPLIT_STEPS for phase, seconds in timer.seconds.items()}
     flops = step_flops(engine, batches, cfg, device)
     table, trace = operators(engine, batches, cfg, device, Path(output))
@@ -116,11 +132,13 @@ def operators(engine: Engine, batches, cfg: Config, device: torch.device, output
     activities, sort = profiler_view(device)
     trace = output / "trace.json"
     trace.parent.mkdir(parents=True, exist_ok=True)
+    window = PROFILER_WAIT + PROFILER_WARMUP + PROFILER_ACTIVE
+    print(f"profile: {window} steps under torch.profiler...", file=sys.stderr, flush=True)
     schedule = torch.profiler.schedule(wait=PROFILER_WAIT, warmup=PROFILER_WARMUP, active=PROFILER_ACTIVE)
     with torch.profiler.profile(
         activities=activities, schedule=schedule, on_trace_ready=lambda p: p.export_chrome_trace(str(trace))
     ) as profiler:
-        for _ in range(PROFILER_WAIT + PROFILER_WARMUP + PROFILER_ACTIVE):
+        for _ in range(window):
             train_step(engine, batches, cfg, device)
             profiler.step()
     return profiler.key_averages().table(sort_by=sort, row_limit=TOP_OPERATORS), trace

@@ -2,18 +2,20 @@
 
 import itertools
 import os
+import sys
 import time
-from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass, replace
-from functools import partial
 
 import torch
 
 from ..config import Config
 from ..data import load_splits
 from ..runtime.device import sample_utilization, synchronize
+from ..runtime.distributed import is_main_process
 from ..runtime.engine import Engine, setup
 from ..runtime.loader import build_loaders, close
+from ..runtime.progress import announced
 from ..runtime.state import TrainState, Waits, micro_batches, waited
 from ..train import train_step
 
@@ -35,42 +37,33 @@ class LoaderTiming:
     gpu_util: str  # the GPU's mean utilisation over that window, or n/a where none is read
 
 
-def fresh_training(cfg: Config):
-    """The device, the data, a fresh engine and its endless training batches, built as `train`
-    builds them, for the tools that time or sweep training steps (no run folder is written)."""
+def time_loader(cfg: Config) -> LoaderTiming:
     device, _ = setup(cfg)
     splits = load_splits(cfg)
     loader, _, sampler = build_loaders(splits, cfg, device)
-    return device, splits, Engine(cfg, splits, device), micro_batches(loader, sampler, TrainState())
-
-
-def seconds_each(run: Callable[[], object], count: int, device: torch.device) -> float:
-    """Seconds per call of `run` over `count` calls, the device's queued work waited for at both ends."""
-    synchronize(device)
-    start = time.perf_counter()
-    for _ in range(count):
-        run()
-    synchronize(device)
-    return (time.perf_counter() - start) / count
-
-
-def time_loader(cfg: Config) -> LoaderTiming:
-    device, splits, engine, batches = fresh_training(cfg)
-    for _ in range(10):  # start the workers and fill their queues
-        next(batches)
-    draw = partial(next, batches)
-    load_per_batch = min(seconds_each(draw, LOADER_BATCHES // ROUNDS, device) for _ in range(ROUNDS))
+    batches = micro_batches(loader, sampler, TrainState())
+    with closing(_phase(10 + LOADER_BATCHES, "batch", "the loader alone")) as ticks:
+        for _ in itertools.islice(ticks, 10):  # start the workers and fill their queues
+            next(batches)
+        load_per_batch = min(_time_batches(batches, LOADER_BATCHES // ROUNDS, ticks) for _ in range(ROUNDS))
     by_workers = samples_per_s_by_workers(splits, cfg, device)
 
-    def steps(source, count: int) -> float:
-        return seconds_each(lambda: train_step(engine, source, cfg, device), count, device)
+    engine = Engine(cfg, splits, device)
+
+    def step(source):
+        return train_step(engine, source, cfg, device)
 
     on_device = [tuple(t.to(device) for t in next(batches)) for _ in range(cfg.grad_accum_steps)]
     fixed = itertools.cycle(on_device)
-    steps(fixed, 3)  # warm-up (and compilation)
-    compute = min(steps(fixed, WINDOW_STEPS // ROUNDS) for _ in range(ROUNDS))
+    with closing(_phase(3 + WINDOW_STEPS // ROUNDS * ROUNDS, "step", "training steps alone")) as ticks:
+        _time_steps(step, fixed, device, 3, ticks)  # warm-up (and compilation)
+        compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS, ticks) for _ in range(ROUNDS))
     waits = Waits()  # waited() adds each batch's wait to waits.data
-    window, gpu_util = sample_utilization(device, lambda: steps(waited(batches, waits), WINDOW_STEPS))
+    loading = waited(batches, waits)
+    with closing(_phase(WINDOW_STEPS, "step", "training steps with the loader")) as ticks:
+        window, gpu_util = sample_utilization(
+            device, lambda: _time_steps(step, loading, device, WINDOW_STEPS, ticks)
+        )
     return LoaderTiming(
         load_per_step=load_per_batch * cfg.grad_accum_steps,
         samples_per_s_alone=cfg.batch_size / load_per_batch,
@@ -82,19 +75,53 @@ def time_loader(cfg: Config) -> LoaderTiming:
     )
 
 
+def worker_counts(configured: int) -> list[int]:
+    """The worker counts to try: none, powers of two up to the CPU count, and the configured one."""
+    cpus = os.cpu_count() or 1
+    return sorted({0, configured} | {2**k for k in range(cpus.bit_length())})
+
+
 def samples_per_s_by_workers(splits, cfg: Config, device: torch.device) -> dict[int, float]:
-    """The loader alone with no workers, powers of two up to the CPU count and the configured number:
-    samples/s by --num-workers. Tried only when the loader uses workers (a loader of in-memory
-    tensors is fastest without: {} then)."""
+    """The loader alone with each of worker_counts(): samples/s by --num-workers. Tried only when
+    the loader uses workers (a loader of in-memory tensors is fastest without: {} then)."""
     if cfg.num_workers == 0:
         return {}
-    cpus = os.cpu_count() or 1
-    rates = {}
-    for workers in sorted({0, cfg.num_workers} | {2**k for k in range(cpus.bit_length())}):
-        loader, _, sampler = build_loaders(splits, replace(cfg, num_workers=workers), device)
-        batches = micro_batches(loader, sampler, TrainState())
-        next(batches)  # the workers start
-        rates[workers] = cfg.batch_size / seconds_each(partial(next, batches), SWEEP_BATCHES, device)
-        batches.close()
-        close(loader)
+    rates, counts = {}, worker_counts(cfg.num_workers)
+    with closing(_phase(len(counts) * SWEEP_BATCHES, "batch", "the loader alone by --num-workers")) as ticks:
+        for workers in counts:
+            tried = replace(cfg, num_workers=workers)
+            loader, _, sampler = build_loaders(splits, tried, device)
+            batches = micro_batches(loader, sampler, TrainState())
+            next(batches)  # the workers start
+            rates[workers] = cfg.batch_size / _time_batches(batches, SWEEP_BATCHES, ticks)
+            batches.close()
+            close(loader)
     return rates
+
+
+def _phase(count: int, unit: str, what: str):
+    """The ticks of a timed phase, drawn by its rounds: rank 0 says what it times as it starts,
+    then where it is (a bar on a terminal, a line every 30 s in a log)."""
+    if is_main_process():
+        print(f"check loader: {what}...", file=sys.stderr, flush=True)
+        yield from announced(range(count), "check loader", unit)
+    else:
+        yield from range(count)
+
+
+def _time_batches(batches, count: int, ticks) -> float:
+    """Seconds per batch drawn from the loader alone."""
+    start = time.perf_counter()
+    for _ in itertools.islice(ticks, count):
+        next(batches)
+    return (time.perf_counter() - start) / count
+
+
+def _time_steps(step, batches, device: torch.device, count: int, ticks) -> float:
+    """Seconds per optimizer step."""
+    synchronize(device)
+    start = time.perf_counter()
+    for _ in itertools.islice(ticks, count):
+        step(batches)
+    synchronize(device)
+    return (time.perf_counter() - start) / count

@@ -10,6 +10,7 @@ with the learning rate rescaled to it; find_batch_size says how it measures them
 """
 
 import math
+import sys
 import time
 from dataclasses import replace
 
@@ -19,9 +20,10 @@ from ..config import Config
 from ..data import load_splits
 from ..runtime import device as hardware
 from ..runtime.engine import Engine, setup
-from ..runtime.loader import EpochDataset
+from ..runtime.loader import EpochDataset, build_loaders
+from ..runtime.progress import announced
+from ..runtime.state import TrainState, micro_batches
 from ..train import train_step
-from .timing import fresh_training
 
 LR_START = 1e-7  # far below any useful rate: the curve starts flat
 LR_END = 10.0  # far above: AdamW diverges well before it
@@ -36,10 +38,15 @@ TIMED_STEPS = 3  # steps timed at each batch size, after one untimed
 
 def lr_range(cfg: Config, steps: int = RANGE_STEPS) -> list[tuple[float, float]]:
     """(learning rate, smoothed loss) for each step of the sweep, until the loss diverges."""
-    device, _, engine, batches = fresh_training(cfg)
+    device, _ = setup(cfg)
+    splits = load_splits(cfg)
+    engine = Engine(cfg, splits, device)
+    loader, _, sampler = build_loaders(splits, cfg, device)
+    batches = micro_batches(loader, sampler, TrainState())
     engine.model.train()
     points, average, best = [], 0.0, math.inf
-    for i in range(steps):
+    print(f"find-lr: {steps} steps, lr {LR_START:g} up to {LR_END:g}...", file=sys.stderr, flush=True)
+    for i in announced(range(steps), "find-lr", "step"):
         lr = LR_START * (LR_END / LR_START) ** (i / (steps - 1))
         for group in engine.optimizer.param_groups:
             group["lr"] = lr  # the sweep replaces the warmup and decay
