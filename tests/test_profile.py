@@ -99,7 +99,7 @@ def test_profile_splits_a_real_step_and_writes_its_trace(proj, tmp_path):
 
 def test_a_slow_loader_is_the_verdict(proj, tmp_path, monkeypatch):
     modules, _ = proj
-    profiling, timing = modules["profiling"], modules["timing"]
+    profiling = modules["profiling"]
     fast = profiling.micro_batches
     lines = profiling.profile(_cfg(modules), str(tmp_path / "fast")).splitlines()
     phases = next(line for line in lines if "synchronised step of " in line)
