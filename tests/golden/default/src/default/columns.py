@@ -1,13 +1,10 @@
 """Yours to edit: how a table's columns become features, with statistics of the training split only.
 
-A column is typed by its content. Numbers are standardised, the training median filled in where a
-value is missing, with a missing-indicator feature where the training split had gaps. Dates and
-times (ISO text, or Parquet's types) are numbers, days since 1970, beside their DATE_PARTS. Text is
-one-hot over its MAX_LEVELS commonest training values, plus an "(other)" feature for rarer values
-and for those training never saw. A text or whole-number column unique on every row is an id: left
-out of the features, kept beside `predict`'s outputs; text distinct on nearly every row is left out
-too. The fitted encoding is plain data (a list of dicts): every checkpoint holds it, `inspect-data`
-shows it, `predict` applies it to new rows. A CSV's separator is read off its header row.
+A column is typed by its content. Numbers are standardised, gaps filled with the training median
+plus a missing-indicator feature; dates and times (ISO text, or Parquet's) are days since 1970 beside
+their DATE_PARTS; text is one-hot over its MAX_LEVELS commonest training values and OTHER. An id
+(unique on every row) is left out of the features and kept beside `predict`'s outputs. The fitted
+encoding is plain data: every checkpoint holds it, `inspect-data` shows it, `predict` applies it.
 """
 
 import contextlib
@@ -39,6 +36,9 @@ DATE_PARTS = {
     "hour": lambda days: (days % 1 * 24 - 11.5) / 11.5,
 }
 SUFFIXES = (".csv", ".parquet")
+# Values beyond this magnitude are refused: float32 statistics of them (sums of squares over a
+# million examples) overflow, and a loss over them is NaN from the first step.
+LARGEST_VALUE = 1e15
 
 
 class DataError(ValueError):
@@ -81,8 +81,7 @@ def check_file(path: Path, suffixes: tuple[str, ...]) -> None:
 
 
 def read_table(path: Path, types: dict[str, str] | None = None) -> pa.Table:
-    """A .csv (with a header row) or .parquet file, each column typed by its content, or by `types`
-    (column name -> "number" or "text": how training read it)."""
+    """A .csv (with a header row) or .parquet file, columns typed by their content or `types` (training's)."""
     check_file(path, SUFFIXES)
     try:
         if path.suffix == ".parquet":
@@ -108,8 +107,7 @@ def read_table(path: Path, types: dict[str, str] | None = None) -> pa.Table:
 
 
 def _sniff(path: Path) -> tuple[str, str]:
-    """The separator (the commonest of SEPARATORS in the header row, quoted names aside) and the
-    decimal point: a comma where, in the first lines, more numbers are written 1,5 than 1.5."""
+    """The separator (SEPARATORS' commonest in the header) and decimal point (a comma if 1,5 beats 1.5)."""
     with path.open("rb") as f:
         head = f.read(1 << 16).decode("utf-8", "replace")
     sep = max(SEPARATORS, key=re.sub(r'"[^"]*"', "", head.split("\n", 1)[0]).count)
@@ -141,16 +139,14 @@ def _cast(path: Path, column: pa.ChunkedArray, name: str, kind: str) -> pa.Chunk
 
 
 def _is_number(cell: str) -> bool:
-    try:
+    with contextlib.suppress(ValueError):
         float(cell)
-    except ValueError:
-        return False
-    return True
+        return True
+    return False
 
 
 def table_columns(path: Path, table: pa.Table, only: set[str] | None = None) -> list[Column]:
-    """Every column (or those named in `only`: rows to predict, typed as training read them) as
-    numbers, dates or text; text of training data that is all ISO dates or times is dates."""
+    """Every column (or those in `only`: rows to predict, typed as in training) as numbers, dates or text."""
     columns = []
     for name, chunked in zip(table.column_names, table.columns, strict=True):
         if only is not None and name not in only:
@@ -176,14 +172,8 @@ def table_columns(path: Path, table: pa.Table, only: set[str] | None = None) -> 
     return columns
 
 
-# Values beyond this magnitude are refused: float32 statistics of them (sums of squares over a
-# million examples) overflow, and a loss over them is NaN from the first step.
-LARGEST_VALUE = 1e15
-
-
 def check_numbers(path: Path, column: Column) -> None:
-    """A DataError naming the first example of a numeric column that is infinite or beyond
-    ±LARGEST_VALUE (a missing value is a gap, filled in by the encoding)."""
+    """A DataError naming the first example of a numeric column that is infinite or beyond ±LARGEST_VALUE."""
     if column.names is not None:
         return
     with np.errstate(invalid="ignore"):
@@ -207,8 +197,7 @@ def note(message: str) -> None:
 
 
 def read_npz(path: Path, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """Arrays x (N, F) and y (N,) of a .npz file, and those of `optional` it holds, never
-    unpickled, or a DataError in one line."""
+    """Arrays x (N, F) and y (N,) of a .npz file, and those of `optional` it holds, or a DataError."""
     try:
         with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
             missing = [key for key in ("x", "y") if key not in arrays.files]
@@ -227,8 +216,7 @@ def read_npz(path: Path, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray
 
 
 def fit(columns: list[Column], rows: np.ndarray) -> list[dict]:
-    """The encoding of each column, from the training `rows` alone: its type, missing share, and
-    median, mean and spread (and a date's parts), or commonest levels."""
+    """Each column's encoding, from the training `rows` alone: type, missing share, and statistics."""
     specs = []
     for column in columns:
         values, missing = column.values[rows], column.missing()[rows]
@@ -238,10 +226,9 @@ def fit(columns: list[Column], rows: np.ndarray) -> list[dict]:
                 raise DataError(f"column {column.name!r} has no values in the training split")
             median = float(np.median(values[~missing]))
             filled = np.where(missing, median, values)
-            spread = float(filled.std())
             kind = "date" if column.date else "number"
             spec |= {"type": kind, "median": median, "mean": float(filled.mean())}
-            spec["std"] = spread if spread > 0 else 1.0  # a constant column: left at 0
+            spec["std"] = float(filled.std()) or 1.0  # a constant column: left at 0
             if column.date:  # the hour only where some value has a time of day
                 spec["parts"] = [part for part in DATE_PARTS if part != "hour" or (filled % 1).any()]
         else:
@@ -273,9 +260,8 @@ def feature_names(specs: list[dict]) -> list[str]:
 
 
 def encode(path: Path, columns: list[Column], specs: list[dict]) -> np.ndarray:
-    """The features (N, F) float32 of `columns`, encoded as `specs` (fit's) say, in the order of
-    feature_names, written into one array (a million rows of 111 features: 0.4 GB, about a second,
-    most of it the memory's first touch)."""
+    """The features (N, F) float32 of `columns`, encoded as `specs` say, in feature_names' order (a million
+    rows of 111 features: 0.4 GB, about a second, most of it the memory's first touch)."""
     by_name = {column.name: column for column in columns}
     n_rows = len(columns[0].values) if columns else 0
     out = np.zeros((n_rows, len(feature_names(specs))), dtype=np.float32)

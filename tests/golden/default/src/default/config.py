@@ -18,16 +18,10 @@ class ConfigError(ValueError):
 
 
 def fixed(default):
-    """A field a resumed run must keep: it defines the model, the data or the optimisation.
-
-    A resume refuses a different value, naming it. The other fields apply to the resumed run as
-    given: bookkeeping (logging, checkpoints, patience, workers, device) and --max-steps. Raised,
-    it extends the run: the cosine decay keeps the horizon it was planned with (TrainState.
-    schedule_steps) and the steps past it train at min_lr, so the learning rate never jumps up.
-    Lowered, it shortens the run: the decay is re-planned to end at the new --max-steps, as if the
-    run had started with it (past the warmup, the learning rate steps down onto it), and a line
-    says so. Below the step the run has reached, it is refused.
-    """
+    """A field a resumed run must keep (it defines the model, data or optimisation): a resume refuses another
+    value, naming it. The others apply as given. A raised --max-steps trains on at min_lr past the planned
+    cosine horizon (TrainState.schedule_steps), never jumping up; a lowered one re-plans the decay to end
+    there, as if the run had started with it, and says so; one below the step reached is refused."""
     return field(default=default, metadata={"resume": "fixed"})
 
 
@@ -90,10 +84,8 @@ class Config:
         decay = self.weight_decay
         _require(0 <= decay < math.inf, f"weight_decay must be a finite number >= 0, got {decay}")
         _require(0 <= self.seed < 2**32, f"seed must be in [0, 2**32) (NumPy's range), got {self.seed}")
-        _require(
-            re.fullmatch(r"(cpu|cuda|mps)(:\d+)?", self.device) is not None,
-            f"device must be cpu, cuda or mps (optionally with an index), got {self.device!r}",
-        )
+        valid = re.fullmatch(r"(cpu|cuda|mps)(:\d+)?", self.device) is not None
+        _require(valid, f"device must be cpu, cuda or mps (optionally with an index), got {self.device!r}")
 
 
 # Fields a resumed run must keep (marked with fixed() above): it refuses to continue otherwise.
@@ -108,17 +100,14 @@ def _require(ok: bool, message: str) -> None:
 
 
 def add_config_arguments(parser: argparse.ArgumentParser) -> None:
-    """Adds one --option per Config field, its comment as help. An option not given is left out of
-    the parsed arguments (the dataclass's default then applies), so that config_from_args can tell
-    what was asked for."""
+    """Adds one --option per Config field, its comment as help, left out of the parsed ones if not given."""
     comments = _field_comments()
     for f in dataclasses.fields(Config):
         flag = "--" + f.name.replace("_", "-")
         text = f"{comments.get(f.name, '')} (default: {f.default})".replace("%", "%%")
+        parsed = {"type": str if f.type == str | None else f.type}
         if f.type is bool:
             parsed = {"action": argparse.BooleanOptionalAction}
-        else:
-            parsed = {"type": str if f.type == str | None else f.type}
         parser.add_argument(flag, **parsed, default=argparse.SUPPRESS, help=text)
 
 
@@ -129,18 +118,15 @@ def _field_comments() -> dict[str, str]:
         line = line.strip()
         if line.startswith("#"):
             above.append(line.lstrip("# "))
-        elif match := re.match(r"(\w+): [^=]+=[^#]*(?:#\s*(.*))?$", line):
+            continue
+        if match := re.match(r"(\w+): [^=]+=[^#]*(?:#\s*(.*))?$", line):
             comments[match.group(1)] = match.group(2) or " ".join(above)
-            above = []
-        else:
-            above = []
+        above = []
     return comments
 
 
 def config_from_args(args: argparse.Namespace) -> Config:
-    """The options given, the dataclass's defaults for the rest. A warmup that outlasts the run is
-    refused only where --warmup-steps asked for it: the default warmup may outlast a short trial
-    run (--max-steps 20), which then ends inside it (diagnose says so)."""
+    """The options given, defaults for the rest; only an asked-for warmup outlasting the run is refused."""
     given = {f.name: getattr(args, f.name) for f in dataclasses.fields(Config) if hasattr(args, f.name)}
     cfg = Config(**given)
     if "warmup_steps" in given and cfg.warmup_steps >= cfg.max_steps:

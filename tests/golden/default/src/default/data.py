@@ -73,18 +73,9 @@ class Splits:
 
     def describe(self) -> dict:
         """What a resumed run must see again, and what `predict` needs to encode new rows."""
-        return {
-            "source": self.source,
-            "digest": self.digest,
-            "n_train": len(self.train),
-            "n_val": len(self.val),
-            "n_features": self.n_features,
-            "n_classes": self.n_classes,
-            "classes": self.classes,
-            "label": self.label,
-            "columns": self.columns,
-            "ids": self.ids,
-        }
+        sizes = {"n_train": len(self.train), "n_val": len(self.val)}
+        fields = ("n_features", "n_classes", "classes", "label", "columns", "ids")
+        return {"source": self.source, "digest": self.digest, **sizes} | {f: getattr(self, f) for f in fields}
 
     def trains_on(self) -> str:
         """What the model learns, in a few words: the first lines of a run say it."""
@@ -152,8 +143,7 @@ def read_source(cfg: Config) -> Table:
     if cfg.data is None:
         if cfg.label is not None:
             raise DataError(f"--label {cfg.label} names a column of a table: give the table with --data")
-        x, y = synthetic_data()
-        return _from_arrays(x, y, "synthetic")
+        return _from_arrays(*synthetic_data(), "synthetic")
     path = Path(cfg.data)
     columns.check_file(path, (*columns.SUFFIXES, ".npz"))
     if path.suffix == ".npz":
@@ -216,11 +206,9 @@ def _from_arrays(x: np.ndarray, y: np.ndarray, source: str) -> Table:
 
 
 def labelled_split(table: Table, cfg: Config) -> tuple[np.ndarray, np.ndarray]:
-    """Train and validation rows among those with a label (a row without one is left out): a fixed
-    validation subset, and the rest."""
+    """Train and validation rows (a fixed validation subset, and the rest) among those with a label."""
     rows = np.nonzero(~table.label.missing())[0]
-    if len(rows) < len(table.label.values):
-        n = len(table.label.values) - len(rows)
+    if n := len(table.label.values) - len(rows):
         note(f"{table.source}: {n:,} rows without a {TARGET_NAME} ({table.label.name!r}): left out")
     order = rows[np.random.default_rng(SPLIT_SEED).permutation(len(rows))]
     n_val = max(1, round(len(rows) * cfg.val_fraction))
@@ -249,8 +237,7 @@ def check_label(path: Path, label: Column) -> None:
 
 
 def class_indices(table: "Table", train_idx: np.ndarray, cfg: Config) -> tuple[np.ndarray, list[str]]:
-    """Each row's class index (-1: a class the training split lacks) and the class names, sorted.
-    A label like a measurement (a price, a count) is refused unless --many-classes confirms it."""
+    """Each row's class index (-1: unseen in training), the sorted class names; refuses a measurement."""
     label = table.label
     if label.names is None:
         seen = np.unique(label.values[train_idx])

@@ -212,8 +212,7 @@ def check_lengths(path: Path, lengths: np.ndarray, rows: int) -> np.ndarray:
 
 
 def read_npz(path: Path, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-    """Arrays x (N, F) and y (N,) of a .npz file, and those of `optional` it holds, never
-    unpickled, or a DataError in one line."""
+    """Arrays x (N, F) and y (N,) of a .npz file, and those of `optional` it holds, or a DataError."""
     try:
         with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
             missing = [key for key in ("x", "y") if key not in arrays.files]

@@ -81,9 +81,7 @@ def commit_label(git: dict) -> str:
 
 
 def checks_mismatch(summary: dict, record: dict) -> str | None:
-    """What the `check all` of `summary` checked that the run of `record` (its run.json) did not
-    run: other code (the source's digest as the run last started or resumed), other data, or
-    other settings of the model, data or optimisation; None when the checks are the run's."""
+    """What `summary`'s checks ran that `record`'s run did not (other code, data or settings), else None."""
     latest = [record, *record.get("resumed", [])][-1]
     if summary.get("source_digest") is None or summary["source_digest"] != latest.get("source_digest"):
         return "other code"
@@ -102,9 +100,7 @@ def check_summary_path(run_dir: Path) -> Path:
 
 
 def read_checks(run_dir: Path, record: dict) -> tuple[dict | None, str | None]:
-    """The latest `check all` summary beside the run, where it checked the run of `record`; else
-    None, and what the last checks there ran on, if they ran. A damaged summary is named in a
-    warning and left out: it records the checks, not the run."""
+    """The `check all` summary beside the run if it checked `record`'s run; else None and what it ran on."""
     path = check_summary_path(run_dir)
     try:
         summary = json.loads(path.read_bytes())
@@ -165,8 +161,7 @@ def _is_record(record) -> bool:
 
 
 def damaged_lines(lines: list[int], data: bytes) -> str:
-    """The damaged `lines` of metrics.jsonl's bytes, for a warning. A last line without its newline
-    was cut off mid-write (a crash, or a full disk), and is named so."""
+    """The damaged `lines` of metrics.jsonl's bytes, for a warning (a last line with no newline: cut off)."""
     if lines == [len(data.splitlines())] and not data.endswith(b"\n"):
         return f"its last line ({lines[0]}), cut off mid-write,"
     shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")

@@ -1,6 +1,5 @@
 """Machinery: --run-dir, a local folder or an object-store URL (store.py): opened for training, the
-store's newest checkpoint pulled into the staging folder first, or fetched for the read commands.
-"""
+store's newest checkpoint pulled into the staging folder first, or fetched for the read commands."""
 
 import sys
 from pathlib import Path

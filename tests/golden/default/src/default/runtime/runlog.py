@@ -83,8 +83,7 @@ class RunLog:
         self._open_metrics()
 
     def _keep_metrics(self, step: int) -> list[dict]:
-        """Rewrites metrics.jsonl with its records up to `step`, dropping lines that are not records
-        (a line cut off by a crash too) with a warning; returns the records kept."""
+        """Rewrites metrics.jsonl with its records up to `step`, warning of damaged lines; returns them."""
         try:
             data = self.metrics_path.read_bytes()
         except FileNotFoundError:
@@ -129,8 +128,7 @@ class RunLog:
             self.lock.release()
 
     def abandon(self) -> None:
-        """Ends a start that failed: the records closed, what it made removed while the run folder
-        is still locked (no other start is inside it), then the folder released."""
+        """Ends a failed start: records closed, what it made removed while the folder is locked, unlocked."""
         self._close_records()
         self._remove_made()
         self.lock.release()
@@ -140,8 +138,7 @@ class RunLog:
             if self._made is not None:
                 shutil.rmtree(self._made)
             elif self._had is not None:
-                for name in set(os.listdir(self.dir)) - self._had:
-                    path = self.dir / name
+                for path in (self.dir / name for name in set(os.listdir(self.dir)) - self._had):
                     if path.is_dir():
                         shutil.rmtree(path)
                     else:
@@ -198,8 +195,7 @@ def git_state() -> dict:
 
 
 def source_digest() -> str:
-    """A digest of this project's Python source as it is on disk, uncommitted edits included: what
-    `report` compares to tell whether the last `check all` checked the code a run ran."""
+    """A digest of the package's Python source on disk, edits included: `report` matches it to checks'."""
     package = Path(__file__).resolve().parent.parent
     digest = hashlib.sha256()
     for path in sorted(package.rglob("*.py")):
@@ -226,8 +222,7 @@ def write_json_atomically(path: Path, record: dict) -> None:
 
 
 def _write_atomically(path: Path, text: str) -> None:
-    """Writes `path` whole or not at all (a full disk leaves the previous version and no temporary
-    file, and says so in one line)."""
+    """Writes `path` whole or not at all (a full disk leaves the previous version and says so in a line)."""
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         tmp.write_text(text, encoding="utf-8")

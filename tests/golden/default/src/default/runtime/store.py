@@ -1,12 +1,10 @@
 """Machinery: a run folder on an object store: `--run-dir s3://bucket/prefix` (or gs://, file://).
 
-The run trains in a local staging folder (in the cache, one per URL) as in a local --run-dir, and
-the store holds the truth. Each checkpoint is uploaded in the background once written, with
-run.json and metrics.jsonl whole (a store cannot append), and becomes visible only when its
-manifest, every file's size and SHA-256, is written last (a store cannot rename). A start takes the
-store's newest complete checkpoint, its digests verified, deletes what a cut-off upload left, and
-takes the records from the store (the resume cuts metrics.jsonl back to the checkpoint's step). So
-a run whose machine was lost with its disk resumes on another exactly where the store left off:
+The run trains in a local staging folder (in the cache, one per URL); the store holds the truth.
+Each checkpoint is uploaded in the background once written, with the records whole (a store cannot
+append), and is visible only once its manifest (each file's size and SHA-256) is written last (a
+store cannot rename). A start takes the store's newest complete checkpoint, digests verified, and its
+records, after deleting what a cut-off upload left. So a run whose machine was lost resumes on another:
 
     pip install -e ".[s3]"  # or ".[gcs]"; credentials and endpoint from the store's usual environment
     python -m default train --run-dir s3://bucket/runs/exp1
@@ -45,8 +43,7 @@ def is_url(path: str) -> bool:
 
 
 def cache_dir(url: str, kind: str) -> Path:
-    """This machine's folder for a URL's files: "runs" stages a training run, "reads" holds the
-    copies the read commands (report, export, ...) take."""
+    """This machine's folder for a URL's files: "runs" stages a training run, "reads" the read commands'."""
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
     return base / PROJECT / kind / hashlib.sha256(url.encode()).hexdigest()[:16]
 
@@ -86,8 +83,7 @@ class RunStore:
             raise StoreError(f"cannot {what} {self.url}: {reason}") from None
 
     def pull(self) -> None:
-        """Makes the staging folder the store's run at its newest complete checkpoint (or empty, for
-        a new run), after deleting what a cut-off upload left in the store."""
+        """Stages the store's run at its newest complete checkpoint (none: empty), cut-off uploads deleted."""
         folder = self.local / "checkpoints"
         folder.mkdir(parents=True, exist_ok=True)
         # Before anything here changes: another start of this URL on this machine would delete
@@ -130,8 +126,7 @@ class RunStore:
         return [(step, json.loads(self.fs.cat_file(path))) for step, path in steps]
 
     def download_all(self, files: dict, folder: Path) -> None:
-        """A manifest's `files` into `folder`, by their paths (a file there already with its digest
-        kept), and nothing else left there."""
+        """A manifest's `files` into `folder` (one there with its digest kept), nothing else left there."""
         for path, entry in files.items():
             target = folder / path
             if target.is_file() and file_digest(target) == entry["sha256"]:
@@ -165,9 +160,8 @@ class RunStore:
 
     def _upload(self, step: int, aside: Path, paths: list[str], records: dict[str, bytes]) -> None:
         with self.reaching("upload to"):
-            files = {}
-            for path in paths:
-                files[path] = {"size": (aside / path).stat().st_size, "sha256": file_digest(aside / path)}
+            sizes = {path: (aside / path).stat().st_size for path in paths}
+            files = {path: {"size": sizes[path], "sha256": file_digest(aside / path)} for path in paths}
             best = {path: entry["sha256"] for path, entry in files.items() if top(path) == BEST}
             contents = hashlib.sha256(json.dumps(best, sort_keys=True).encode()).hexdigest()[:16]
             for path, entry in files.items():
@@ -187,9 +181,7 @@ class RunStore:
         shutil.rmtree(aside, ignore_errors=True)
 
     def _remove_unlisted(self, manifests: list[tuple[int, dict]]) -> None:
-        """Deletes the stored checkpoints no complete checkpoint lists: a cut-off upload's. Each
-        stored name (a step's, best's contents') is one checkpoint's: what a manifest does not list
-        lies under a name it does not list."""
+        """Deletes stored files no manifest lists: a cut-off upload's (a stored name is one checkpoint's)."""
         listed = {top(entry["stored"]) for _, manifest in manifests for entry in manifest["files"].values()}
         listed |= {f"step-{step:08d}.json" for step, _ in manifests}
         with contextlib.suppress(FileNotFoundError):
