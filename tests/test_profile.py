@@ -99,8 +99,8 @@ def test_profile_splits_a_real_step_and_writes_its_trace(proj, tmp_path):
 
 def test_a_slow_loader_is_the_verdict(proj, tmp_path, monkeypatch):
     modules, _ = proj
-    profiling = modules["profiling"]
-    fast = profiling.micro_batches
+    profiling, timing = modules["profiling"], modules["timing"]
+    fast = timing.micro_batches  # profiling draws its batches through timing.training_batches
     lines = profiling.profile(_cfg(modules), str(tmp_path / "fast")).splitlines()
     phases = next(line for line in lines if "synchronised step of " in line)
     step = float(phases.split("synchronised step of ")[1].split()[0])  # ms
@@ -111,7 +111,7 @@ def test_a_slow_loader_is_the_verdict(proj, tmp_path, monkeypatch):
             time.sleep(wait)  # a decode in the main process
             yield batch
 
-    monkeypatch.setattr(profiling, "micro_batches", slow)
+    monkeypatch.setattr(timing, "micro_batches", slow)
     lines = profiling.profile(_cfg(modules), str(tmp_path / "p")).splitlines()
 
     verdict = next(line for line in lines if line.startswith("verdict: "))

@@ -4,12 +4,9 @@
     python -m default diagnose runs/a runs/b  # and what b no longer shows
     python -m default diagnose runs/default --json  # for CI
 
-Exit status 1 when a run has a finding.
-
-It reads run.json, metrics.jsonl, the latest check summary (runs/check/summary.json) and, for the
-leak test, the run's data through load_splits. It writes nothing. The rules are in loss_findings.py
-and loop_findings.py, each threshold named there with its reason.
-"""
+Exit status 1 when a run has a finding. It reads run.json, metrics.jsonl, the latest check summary
+(runs/check/summary.json) and, for the leak test, the run's data through load_splits; it writes
+nothing. The rules are in loss_findings.py and loop_findings.py, each threshold named with its reason."""
 
 import json
 
@@ -80,8 +77,7 @@ def run_diagnose(run_dirs: list[str], as_json: bool = False) -> int:
     for i in range(1, len(runs)):
         (a, fa), (b, fb) = (runs[i - 1], found[i - 1]), (runs[i], found[i])
         names_a, names_b = {f.name for f in fa}, {f.name for f in fb}
-        new = sorted(names_b - names_a)
-        if new:
+        if new := sorted(names_b - names_a):
             lines.append(f"{b.dir} shows what {a.dir} does not: {', '.join(new)}")
         report["new"] += [{"run_dir": str(b.dir), "since": str(a.dir), "name": n} for n in new]
         gone = [f for f in fa if f.name not in names_b]

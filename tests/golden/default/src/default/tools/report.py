@@ -4,8 +4,7 @@
     python -m default report runs/second --since runs/first
 
 Both read the run folders' run.json and metrics.jsonl (and the latest check's summary); report
-also runs diagnose on it, whose leak test reads the run's data.
-"""
+also runs diagnose on it, whose leak test reads the run's data."""
 
 from pathlib import Path
 

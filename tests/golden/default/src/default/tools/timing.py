@@ -6,6 +6,7 @@ import sys
 import time
 from contextlib import closing
 from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 
@@ -37,32 +38,33 @@ class LoaderTiming:
     gpu_util: str  # the GPU's mean utilisation over that window, or n/a where none is read
 
 
-def time_loader(cfg: Config) -> LoaderTiming:
+def training_batches(cfg: Config):
+    """The device, the splits and an endless stream of training micro-batches, set up as `train` does."""
     device, _ = setup(cfg)
     splits = load_splits(cfg)
     loader, _, sampler = build_loaders(splits, cfg, device)
-    batches = micro_batches(loader, sampler, TrainState())
+    return device, splits, micro_batches(loader, sampler, TrainState())
+
+
+def time_loader(cfg: Config) -> LoaderTiming:
+    device, splits, batches = training_batches(cfg)
     with closing(_phase(10 + LOADER_BATCHES, "batch", "the loader alone")) as ticks:
         for _ in itertools.islice(ticks, 10):  # start the workers and fill their queues
             next(batches)
-        load_per_batch = min(_time_batches(batches, LOADER_BATCHES // ROUNDS, ticks) for _ in range(ROUNDS))
+        rounds = (time_steps(next, batches, device, LOADER_BATCHES // ROUNDS, ticks) for _ in range(ROUNDS))
+        load_per_batch = min(rounds)
     by_workers = samples_per_s_by_workers(splits, cfg, device)
 
-    engine = Engine(cfg, splits, device)
-
-    def step(source):
-        return train_step(engine, source, cfg, device)
-
+    step = partial(train_step, Engine(cfg, splits, device), cfg=cfg, device=device)
     on_device = [tuple(t.to(device) for t in next(batches)) for _ in range(cfg.grad_accum_steps)]
     fixed = itertools.cycle(on_device)
     with closing(_phase(3 + WINDOW_STEPS // ROUNDS * ROUNDS, "step", "training steps alone")) as ticks:
-        _time_steps(step, fixed, device, 3, ticks)  # warm-up
-        compute = min(_time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS, ticks) for _ in range(ROUNDS))
-    waits = Waits()  # waited() adds each batch's wait to waits.data
-    loading = waited(batches, waits)
+        time_steps(step, fixed, device, 3, ticks)  # warm-up
+        compute = min(time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS, ticks) for _ in range(ROUNDS))
+    loading = waited(batches, waits := Waits())  # adds each batch's wait to waits.data
     with closing(_phase(WINDOW_STEPS, "step", "training steps with the loader")) as ticks:
         window, gpu_util = sample_utilization(
-            device, lambda: _time_steps(step, loading, device, WINDOW_STEPS, ticks)
+            device, lambda: time_steps(step, loading, device, WINDOW_STEPS, ticks)
         )
     return LoaderTiming(
         load_per_step=load_per_batch * cfg.grad_accum_steps,
@@ -82,26 +84,24 @@ def worker_counts(configured: int) -> list[int]:
 
 
 def samples_per_s_by_workers(splits, cfg: Config, device: torch.device) -> dict[int, float]:
-    """The loader alone with each of worker_counts(): samples/s by --num-workers. Tried only when
-    the loader uses workers (a loader of in-memory tensors is fastest without: {} then)."""
+    """The loader alone, samples/s by --num-workers for each of worker_counts(); {} for a loader
+    without workers (in-memory tensors load fastest without)."""
     if cfg.num_workers == 0:
         return {}
     rates, counts = {}, worker_counts(cfg.num_workers)
     with closing(_phase(len(counts) * SWEEP_BATCHES, "batch", "the loader alone by --num-workers")) as ticks:
         for workers in counts:
-            tried = replace(cfg, num_workers=workers)
-            loader, _, sampler = build_loaders(splits, tried, device)
+            loader, _, sampler = build_loaders(splits, replace(cfg, num_workers=workers), device)
             batches = micro_batches(loader, sampler, TrainState())
             next(batches)  # the workers start
-            rates[workers] = cfg.batch_size / _time_batches(batches, SWEEP_BATCHES, ticks)
+            rates[workers] = cfg.batch_size / time_steps(next, batches, device, SWEEP_BATCHES, ticks)
             batches.close()
             close(loader)
     return rates
 
 
 def _phase(count: int, unit: str, what: str):
-    """The ticks of a timed phase, drawn by its rounds: rank 0 says what it times as it starts,
-    then where it is (a bar on a terminal, a line every 30 s in a log)."""
+    """The ticks of a timed phase: rank 0 says what it times, then where it is (bar or log line)."""
     if is_main_process():
         print(f"check loader: {what}...", file=sys.stderr, flush=True)
         yield from announced(range(count), "check loader", unit)
@@ -109,16 +109,8 @@ def _phase(count: int, unit: str, what: str):
         yield from range(count)
 
 
-def _time_batches(batches, count: int, ticks) -> float:
-    """Seconds per batch drawn from the loader alone."""
-    start = time.perf_counter()
-    for _ in itertools.islice(ticks, count):
-        next(batches)
-    return (time.perf_counter() - start) / count
-
-
-def _time_steps(step, batches, device: torch.device, count: int, ticks) -> float:
-    """Seconds per optimizer step."""
+def time_steps(step, batches, device: torch.device, count: int, ticks) -> float:
+    """Seconds per call of step(batches) (an optimizer step, or `next` for the loader alone)."""
     synchronize(device)
     start = time.perf_counter()
     for _ in itertools.islice(ticks, count):

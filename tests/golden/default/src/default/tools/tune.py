@@ -11,19 +11,17 @@ with the learning rate rescaled to it; find_batch_size says how it measures them
 
 import math
 import sys
-import time
 from dataclasses import replace
 
 import torch
 
 from ..config import Config
 from ..data import load_splits
-from ..runtime import device as hardware
 from ..runtime.engine import Engine, setup
-from ..runtime.loader import EpochDataset, build_loaders
+from ..runtime.loader import EpochDataset
 from ..runtime.progress import announced
-from ..runtime.state import TrainState, micro_batches
 from ..train import train_step
+from .timing import time_steps, training_batches
 
 LR_START = 1e-7  # far below any useful rate: the curve starts flat
 LR_END = 10.0  # far above: AdamW diverges well before it
@@ -38,11 +36,8 @@ TIMED_STEPS = 3  # steps timed at each batch size, after one untimed
 
 def lr_range(cfg: Config, steps: int = RANGE_STEPS) -> list[tuple[float, float]]:
     """(learning rate, smoothed loss) for each step of the sweep, until the loss diverges."""
-    device, _ = setup(cfg)
-    splits = load_splits(cfg)
+    device, splits, batches = training_batches(cfg)
     engine = Engine(cfg, splits, device)
-    loader, _, sampler = build_loaders(splits, cfg, device)
-    batches = micro_batches(loader, sampler, TrainState())
     engine.model.train()
     points, average, best = [], 0.0, math.inf
     print(f"find-lr: {steps} steps, lr {LR_START:g} up to {LR_END:g}...", file=sys.stderr, flush=True)
@@ -50,8 +45,7 @@ def lr_range(cfg: Config, steps: int = RANGE_STEPS) -> list[tuple[float, float]]
         lr = LR_START * (LR_END / LR_START) ** (i / (steps - 1))
         for group in engine.optimizer.param_groups:
             group["lr"] = lr  # the sweep replaces the warmup and decay
-        loss, _ = train_step(engine, batches, cfg, device)
-        loss = loss.item()
+        loss = train_step(engine, batches, cfg, device)[0].item()
         if not math.isfinite(loss):
             break
         average = SMOOTHING * average + (1 - SMOOTHING) * loss
@@ -98,8 +92,7 @@ def find_lr(cfg: Config, output: str, steps: int = RANGE_STEPS) -> str:
 
 
 def rescaled_lr(lr: float, old_batch: int, new_batch: int) -> float:
-    """The square-root rule for Adam-type optimizers (Malladi et al. 2022): the learning rate
-    scales with the square root of the batch, where SGD's linear rule would overshoot."""
+    """The square-root rule for Adam-type optimizers (Malladi et al. 2022): lr grows with sqrt(batch)."""
     return lr * math.sqrt(new_batch / old_batch)
 
 
@@ -111,18 +104,15 @@ def accumulation_for(global_batch: int, micro_batch: int, world_size: int = 1) -
 
 
 def _sizing(cfg: Config):
-    """The device, a fresh engine, a step on a micro-batch of any size, and the training split's
-    size, which bounds the micro-batch."""
+    """The device, a fresh engine, a step on a micro-batch of any size, and the bound on that size."""
     device, _ = setup(cfg)
     splits = load_splits(cfg)
     engine = Engine(cfg, splits, device)
     examples = EpochDataset(splits.train)
-    single = replace(cfg, grad_accum_steps=1)
 
     def step(size: int) -> None:
-        """One optimizer step on a micro-batch of `size` training examples (repeated as needed)."""
         x, y = examples.__getitems__((0, torch.arange(size) % len(examples)))
-        train_step(engine, iter([(x, y)]), single, device)
+        train_step(engine, iter([(x, y)]), replace(cfg, grad_accum_steps=1), device)
 
     return device, engine, step, len(examples)
 
@@ -135,18 +125,12 @@ def find_batch_size(cfg: Config, global_batch: int | None = None) -> str:
 
 
 def _throughput_sweep(cfg: Config, device: torch.device, step, global_batch: int | None, limit: int) -> str:
-    """On a CPU: samples/s by micro-batch size up to the training split's size, the fastest
-    suggested (memory does not bound it)."""
+    """On a CPU: samples/s by micro-batch size up to the training split's size; the fastest wins."""
     lines = [f"find-batch-size on {device.type}: no device memory to fill; throughput by micro-batch instead"]
     rates = {}
     for size in [size for size in CPU_BATCHES if size <= limit] or [limit]:
         step(size)  # untimed: the first step at a size (and any recompilation for it)
-        hardware.synchronize(device)
-        start = time.perf_counter()
-        for _ in range(TIMED_STEPS):
-            step(size)
-        hardware.synchronize(device)
-        seconds = (time.perf_counter() - start) / TIMED_STEPS
+        seconds = time_steps(step, size, device, TIMED_STEPS, range(TIMED_STEPS))
         rates[size] = size / seconds
         lines.append(f"  batch {size:6d}: {rates[size]:12,.0f} samples/s  ({seconds * 1e3:.2f} ms a step)")
         if seconds > CPU_STEP_LIMIT:

@@ -1,7 +1,6 @@
 """Tool: what diagnose reads and what it reports: a finished run read back from its folder, and a
 finding with the first checks the training rules give for it. The rules that find them are in
-loss_findings.py (the loss curves) and loop_findings.py (loading, the schedule, clipping).
-"""
+loss_findings.py (the loss curves) and loop_findings.py (loading, the schedule, clipping)."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,6 +74,5 @@ def load_run(run_dir: str) -> Run:
         metrics = read_metrics(path)
     except RunRecordError as error:
         raise DiagnoseError(str(error)) from None
-    train = [r for r in metrics if r["split"] == "train"]
-    val = [r for r in metrics if r["split"] == "val"]
+    train, val = ([r for r in metrics if r["split"] == split] for split in ("train", "val"))
     return Run(path, record, train, val, *read_checks(path, record))

@@ -1,8 +1,7 @@
 """Tool: diagnose's rules on how the loop ran: waiting for data, the learning-rate schedule (a run
-ended in warmup, a restarted schedule, one that ended early), gradient clipping that always acts,
-and how the run ended (near chance, or stopped early with its loss still high).
-Each reads a Run and returns its findings; the thresholds below say why each value.
-"""
+ended in warmup, a restarted schedule, one that ended early), gradient clipping that always acts, and
+how the run ended (near chance, or stopped early with its loss still high). Each reads a Run and returns
+its findings; the thresholds below say why each value."""
 
 import itertools
 import math
@@ -15,8 +14,7 @@ LOADER_BOUND_SHARE = 0.5  # time waiting for data: past half, loading is slower 
 LR_JUMP_FACTOR = 1.5  # after warmup the lr only decays: a rise by half is a restarted schedule
 SCHEDULE_FLOOR_SHARE = 0.10  # share of the run spent at the decay's floor: it ended before the run
 CLIP_PINNED_SHARE = 0.9  # steps after warmup with the gradient norm over the clip: the clip always acts
-# and their median norm 10x the clip: just over it costs AdamW little (it rescales its updates),
-# ten times over, the clip is far too low or the gradients keep growing
+# and their median norm 10x the clip: just over costs AdamW little, 10x over the clip is far too low
 CLIP_PINNED_FACTOR = 10.0
 CHANCE_SHARE = 0.2  # best val accuracy within a fifth of the way from chance (1/classes) to 1
 START_SHARE = 0.9  # or best val loss above 90% of the loss before training: next to nothing learnt
@@ -24,7 +22,6 @@ EARLY_HIGH_SHARE = 0.5  # an early stop with val loss above half the starting lo
 
 
 def find_loader_bound(run: Run) -> list[Finding]:
-    found = []
     finished = run.record.get("finished") or {}
     share = finished.get("data_wait_share")
     if share is not None and share > LOADER_BOUND_SHARE:
@@ -32,12 +29,11 @@ def find_loader_bound(run: Run) -> list[Finding]:
             f"its training steps waited for data {share:.0%} of their time "
             f"({finished['examples_per_s']:,.0f} examples/s, num_workers={run.config.get('num_workers')})"
         )
-        found.append(Finding("loader-bound", evidence))
-    checks = (run.summary or {}).get("checks", {})
-    if not found and checks.get("loader") is False:
+        return [Finding("loader-bound", evidence)]
+    if (run.summary or {}).get("checks", {}).get("loader") is False:
         evidence = f"check loader failed: {run.summary['loader_share']:.0%} of a step waiting for data"
-        found.append(Finding("loader-bound", evidence + f" ({check_summary_path(run.dir)})"))
-    return found
+        return [Finding("loader-bound", evidence + f" ({check_summary_path(run.dir)})")]
+    return []
 
 
 def find_schedule(run: Run) -> list[Finding]:
@@ -51,9 +47,8 @@ def find_schedule(run: Run) -> list[Finding]:
             f"of the way up a {cfg['warmup_steps']}-step warmup"
         )
         return [Finding("lr-in-warmup", evidence, last["step"])]
-    after = [r for r in train if r["step"] > cfg["warmup_steps"]]
     resumed = [r["at_step"] for r in run.record.get("resumed", [])]
-    for a, b in itertools.pairwise(after):
+    for a, b in itertools.pairwise([r for r in train if r["step"] > cfg["warmup_steps"]]):
         if b["lr"] > a["lr"] * LR_JUMP_FACTOR:
             at = [s for s in resumed if a["step"] <= s < b["step"]]
             why = f" (resumed at step {at[0]}: the schedule changed there)" if at else ""
@@ -93,9 +88,8 @@ def find_clip_pinned(run: Run) -> list[Finding]:
 
 
 def find_near_chance(run: Run) -> list[Finding]:
-    """A run that ended about where it started (validation accuracy near chance, or its loss near
-    the loss before training: ln C for C classes, else the first logged), or that early stopping
-    ended with its loss still high."""
+    """A run that ended about where it started (val accuracy near chance, or its loss near the loss
+    before training: ln C for C classes, else the first logged), or early-stopped with its loss high."""
     val, data = [r for r in run.val if math.isfinite(r["loss"])], run.record.get("data") or {}
     classes = data.get("n_classes") or len(data.get("classes") or ())
     if not val or not (classes > 1 or run.train):
@@ -105,12 +99,10 @@ def find_near_chance(run: Run) -> list[Finding]:
     best, accuracy = min(val, key=lambda r: r["loss"]), max(r.get("accuracy", -1) for r in val)
     notes = [f"best val loss {best['loss']:.4g} at step {best['step']}, {best['loss'] / start:.0%} of the"]
     notes[0] += f" {start:.4g} before training ({source})"
-    at_chance = classes > 1 and 0 <= accuracy <= 1 / classes + CHANCE_SHARE * (1 - 1 / classes)
-    if at_chance:
+    if at_chance := classes > 1 and 0 <= accuracy <= 1 / classes + CHANCE_SHARE * (1 - 1 / classes):
         notes.append(f"best val accuracy {accuracy:.3f} against chance {1 / classes:.3f} ({classes} classes)")
     finished, cfg = run.record.get("finished") or {}, run.config
-    early = not finished.get("stopped_by") and finished.get("step", math.inf) < cfg.get("max_steps", 0)
-    if early:
+    if early := not finished.get("stopped_by") and finished.get("step", math.inf) < cfg.get("max_steps", 0):
         notes.append(f"early stopping ended it at step {finished['step']} of {cfg['max_steps']}")
     if at_chance or best["loss"] >= START_SHARE * start:
         return [Finding("near-chance", "; ".join(notes), best["step"])]

@@ -1,7 +1,6 @@
 """Tool: diagnose's rules on the loss curves: NaN or Inf, a flat loss, overfitting, validation far
 better than train (and the split leak it may come from), spikes. Each reads a Run and returns its
-findings; the thresholds below say why each value.
-"""
+findings; the thresholds below say why each value."""
 
 import hashlib
 import math
@@ -120,12 +119,11 @@ def find_val_better(run: Run, leak_test: bool) -> list[Finding]:
     if not late or len(better) <= VAL_BETTER_SHARE * len(late):
         return found
     r, t = better[-1]
-    dropout = run.config.get("dropout", 0)
     if leak is None:
         why = "leak test not run (the data is not where run.json says)"
     elif leak[0] > LEAK_MIN_SHARE * leak[1]:
         why = "leakage: see split-leak"
-    elif dropout:
+    elif run.config.get("dropout", 0):
         return found  # the rules' normal case: dropout is on in training only, and no input is shared
     else:
         why = "no validation input is in train by hash and dropout is off: augmentation in train only?"

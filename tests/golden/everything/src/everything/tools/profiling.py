@@ -15,21 +15,19 @@ Then the verdict of the rules: fix the loader first when the data wait is a real
 
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from ..config import Config
-from ..data import load_splits
 from ..model import compute_loss
 from ..runtime.device import mfu, profiler_view, synchronize
-from ..runtime.engine import PRECISION, Engine, setup
-from ..runtime.loader import build_loaders
+from ..runtime.engine import PRECISION, Engine
 from ..runtime.progress import announced
-from ..runtime.state import TrainState, micro_batches
 from ..train import train_step
-from .timing import LOADER_WARN_SHARE
+from .timing import LOADER_WARN_SHARE, time_steps, training_batches
 
 PHASES = ("data", "copy", "forward", "backward", "optimizer")
 WARMUP_STEPS = 5  # compilation, the allocator and the loader workers settle before any timing
@@ -39,13 +37,11 @@ TOP_OPERATORS = 12
 
 
 class PhaseTimer:
-    """train_step's `mark` for the split: the time from one mark to the next goes to the phase
-    the first one began, the device synchronised at each mark so that queued work is counted in
-    the phase that queued it."""
+    """train_step's `mark` for the split: the time from one mark to the next goes to the phase the
+    first began, the device synchronised at each mark so queued work counts in the phase that queued it."""
 
     def __init__(self, device: torch.device, clock=time.perf_counter) -> None:
-        self.device = device
-        self.clock = clock
+        self.device, self.clock = device, clock
         self.seconds = dict.fromkeys(PHASES, 0.0)
         self.phase: str | None = None
         self.since = 0.0
@@ -60,21 +56,13 @@ class PhaseTimer:
 
 def profile(cfg: Config, output: str) -> str:
     """Runs the three passes; the lines to print. Writes the trace under `output`."""
-    device, _ = setup(cfg)
-    splits = load_splits(cfg)
-    loader, _, sampler = build_loaders(splits, cfg, device)
-    batches = micro_batches(loader, sampler, TrainState())
+    device, splits, batches = training_batches(cfg)
     engine = Engine(cfg, splits, device)
 
     def steps(count: int, what: str, **mark) -> float:
-        """Seconds per step over `count` steps, the device synchronised at the end."""
         print(f"profile: {count} {what}...", file=sys.stderr, flush=True)
-        synchronize(device)
-        start = time.perf_counter()
-        for _ in announced(range(count), "profile", "step"):
-            train_step(engine, batches, cfg, device, **mark)
-        synchronize(device)
-        return (time.perf_counter() - start) / count
+        step = partial(train_step, engine, cfg=cfg, device=device, **mark)
+        return time_steps(step, batches, device, count, announced(range(count), "profile", "step"))
 
     steps(WARMUP_STEPS, "warm-up steps")
     timer = PhaseTimer(device)
@@ -85,14 +73,13 @@ def profile(cfg: Config, output: str) -> str:
     table, trace = operators(engine, batches, cfg, device, Path(output))
 
     total = sum(split.values())
-    examples = cfg.batch_size * cfg.grad_accum_steps
     lines = [
         f"profile: {SPLIT_STEPS} steps (micro-batch {cfg.batch_size} x {cfg.grad_accum_steps} a step) "
         f"on {device.type}, {PRECISION}, after {WARMUP_STEPS} warm-up steps",
         *(f"  {phase:<10} {s * 1e3:9.3f} ms  {s / total:6.1%}" for phase, s in split.items()),
         f"  phases sum {total * 1e3:.3f} ms of a synchronised step of {synced * 1e3:.3f} ms "
         f"({total / synced:.1%}); unsynchronised {unsynced * 1e3:.3f} ms a step, "
-        f"{examples / unsynced:,.0f} samples/s",
+        f"{cfg.batch_size * cfg.grad_accum_steps / unsynced:,.0f} samples/s",
         f"FLOPs: {flops:.4g} a step (forward and backward, torch.utils.flop_counter): "
         f"{flops / unsynced / 1e9:,.2f} GFLOP/s achieved{mfu(flops / unsynced, device, PRECISION)}",
         verdict(split["data"] / total),
@@ -114,9 +101,8 @@ def verdict(data_share: float) -> str:
 
 
 def step_flops(engine: Engine, batches, cfg: Config, device: torch.device) -> int:
-    """The FLOPs of one step's forward and backward passes, counted on the plain model (the
-    counter sees operators as dispatched: compiled graphs would hide them). The gradients are
-    discarded: the optimizer takes no step."""
+    """The FLOPs of one step's forward and backward passes, counted on the plain model (compiled graphs
+    would hide the operators from the counter); the gradients are discarded, the optimizer takes no step."""
     counter = FlopCounterMode(display=False)
     with counter:
         for _ in range(cfg.grad_accum_steps):

@@ -19,12 +19,9 @@ from ..train import train
 
 
 def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
-    """Trains 2N steps with a checkpoint at N, resumes a copy from that checkpoint, compares.
-
-    The data is cut to a few batches an epoch, so that N falls mid-epoch and an epoch boundary
-    and validations lie between N and 2N; loader workers are on. What the runs recorded is then
-    checked to hold all of that, so every piece of state a resume needs is exercised.
-    """
+    """Trains 2N steps with a checkpoint at N, resumes a copy from that checkpoint, compares. The data
+    is cut to a few batches an epoch so that N falls mid-epoch with an epoch boundary and validations
+    before 2N, loader workers on; the records must show all of that, so every piece of state is exercised."""
     splits = load_splits(cfg)
     # 3k + 1 micro-batches an epoch for k of them a step: checkpoints then fall mid-epoch.
     per_batch = cfg.batch_size * init_distributed(torch.device(cfg.device).type).world_size
@@ -65,9 +62,8 @@ def _resume_point(micro_per_epoch: int, accum: int) -> tuple[int, bool]:
 
 
 def _train_then_resume(base: Config, work: Path, n: int) -> tuple[Path, Path]:
-    """Trains 2N steps uninterrupted, copies that run as a crash right after step N's checkpoint
-    would leave it (the records past step N in metrics.jsonl, which the resume must drop; no later
-    checkpoint), and resumes the copy to step 2N: (the uninterrupted run, the resumed one)."""
+    """Trains 2N steps, copies that run as a crash just after step N's checkpoint leaves it (records past N,
+    which the resume must drop; no later checkpoint), resumes the copy to 2N: (uninterrupted, resumed)."""
     first, second = work / "uninterrupted", work / "resumed"
     is_main = init_distributed(torch.device(base.device).type).is_main
     if is_main:
@@ -91,9 +87,9 @@ def _train_then_resume(base: Config, work: Path, n: int) -> tuple[Path, Path]:
 
 
 def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tuple[bool, bool, str]:
-    """Whether the resumed run's steps N+1 to 2N, its validations and its final model and optimizer
-    equal the uninterrupted run's; whether they covered a mid-epoch checkpoint, an epoch boundary and
-    a validation; and the numbers behind both."""
+    """Whether the resumed run's steps N+1 to 2N, validations and final model and optimizer equal the
+    uninterrupted run's; whether they covered a mid-epoch checkpoint, an epoch boundary and a validation;
+    and the numbers behind both."""
 
     def losses(run: Path, split: str, after: int = 0) -> list[float]:
         return [r["loss"] for r in read_metrics(run) if r["split"] == split and r["step"] > after]
@@ -106,12 +102,11 @@ def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tup
     equal = sum(x == y for x, y in zip(expected[n:], got[n:], strict=False))
     at_n = load(second / "checkpoints" / step_name(n))["state"]
     crossed = b["state"]["epoch"] - at_n["epoch"]
-    validations = len(val_got)
     where = f"micro-batch {at_n['batch_in_epoch']} of epoch {at_n['epoch']}"
-    covered = crossed > 0 and validations > 0 and (at_n["batch_in_epoch"] > 0 or not mid_epoch_possible)
+    covered = crossed > 0 and len(val_got) > 0 and (at_n["batch_in_epoch"] > 0 or not mid_epoch_possible)
     detail = (
         f"checkpoint at step {n} of {2 * n} ({where}), then {crossed} epoch boundaries and "
-        f"{validations} validations; losses of steps {n + 1}-{2 * n}: {equal}/{n} equal, "
+        f"{len(val_got)} validations; losses of steps {n + 1}-{2 * n}: {equal}/{n} equal, "
         f"validation losses {'equal' if val_got == val_expected else 'DIFFER'}; "
         f"{len(got)} train records for {2 * n} steps; final model and optimizer "
         + ("equal" if same_state else "DIFFER")
