@@ -337,7 +337,9 @@ def test_a_model_edit_that_changes_its_weights_is_refused_on_resume_in_one_line(
     done = run(project, *again)
     assert done.returncode == 2
     [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert "(body.0.1.bias (256,) -> absent, body.1.1.bias (256,) -> absent; 2 tensors differ)" in line
+    assert (
+        "(body.0.1.bias (256,) -> absent, body.1.1.bias (256,) -> absent; 2 tensors differ)" in line
+    )
     assert (project / "runs/a/metrics.jsonl").read_text() == before
 
 
