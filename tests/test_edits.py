@@ -329,7 +329,7 @@ def test_a_model_edit_that_changes_its_weights_is_refused_on_resume_in_one_line(
     assert "Traceback" not in done.stderr
     [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
     assert "step-00000020.pt holds a model with other shapes (" in line, line
-    assert "(body.0.weight (256, 16) -> (512, 16), body.0.bias (256,) -> (512,)," in line, line
+    assert "(body.0.0.weight (256, 16) -> (512, 16), body.0.0.bias (256,) -> (512,)," in line, line
     assert "resume with the model it was trained with, or start a new --run-dir" in line
 
     model.write_text(original)
@@ -337,7 +337,9 @@ def test_a_model_edit_that_changes_its_weights_is_refused_on_resume_in_one_line(
     done = run(project, *again)
     assert done.returncode == 2
     [line] = [line for line in done.stderr.splitlines() if line.startswith("error:")]
-    assert "(body.1.bias (256,) -> absent, body.5.bias (256,) -> absent; 2 tensors differ)" in line
+    assert (
+        "(body.0.1.bias (256,) -> absent, body.1.1.bias (256,) -> absent; 2 tensors differ)" in line
+    )
     assert (project / "runs/a/metrics.jsonl").read_text() == before
 
 
@@ -357,7 +359,7 @@ def test_a_same_shape_model_edit_resumes_saying_the_code_changed(tmp_path):
 
     model = project / "src" / "same" / "model.py"
     _edit(model, "nn.GELU()", "nn.ReLU()")
-    _edit(model, "layers.append(nn.Dropout(dropout))", "layers.append(nn.Dropout(0.2))")
+    _edit(model, "nn.Dropout(dropout)]", "nn.Dropout(0.2)]")
     done = run(project, *args, "--max-steps", "40")
 
     assert done.returncode == 0, done.stdout + done.stderr
@@ -378,7 +380,7 @@ def test_a_same_shape_model_edit_resumes_saying_the_code_changed(tmp_path):
             printed.append(line)
             if line.startswith("step 45/"):
                 _edit(model, "nn.ReLU()", "nn.GELU()")
-                _edit(model, "layers.append(nn.Dropout(0.2))", "layers.append(nn.Dropout(dropout))")
+                _edit(model, "nn.Dropout(0.2)]", "nn.Dropout(dropout)]")
     assert proc.returncode == 0
     assert printed[0].startswith("resuming from") and not any("code changed" in p for p in printed)
     done = run(project, *args, "--max-steps", "310")

@@ -50,9 +50,8 @@ class Config:
     warmup_steps: int = fixed(100)
     weight_decay: float = fixed(0.1)  # AdamW decay, on weight matrices only (not biases or norms)
     grad_clip: float = fixed(1.0)  # max global gradient norm: exploding gradients stay silent until NaN
-    # Every Nth of the model's repeated blocks (model.repeated_blocks) recomputes its activations in
-    # the backward pass rather than keep them: less memory for about a third more step time. 1: every
-    # block; 0: off. The results are the same either way, so a resumed run may change it.
+    # Every Nth of model.repeated_blocks recomputes its activations in the backward pass rather than
+    # keep them (1: all, 0: off): less memory, more step time, the same results (a resume may change it).
     activation_checkpointing: int = 0
     # validation and early stopping
     eval_every: int = 0  # steps between validations; 0: every epoch, 10 to 200 apart (EVAL_EVERY_MIN/MAX)

@@ -15,7 +15,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from ..config import Config, ConfigError
-from ..model import build_model, repeated_blocks
+from ..model import build_model
 from ..optim import build_optimizer, lr_factor
 from . import distributed
 from .device import configure
@@ -41,24 +41,21 @@ def setup(cfg: Config) -> tuple[torch.device, distributed.Dist]:
 
 
 def recompute(blocks: list[torch.nn.Module], compiled: bool) -> None:
-    """Each block's activations recomputed in the backward pass rather than kept from the forward
-    (PyTorch's non-reentrant checkpointing, dropout masks replayed): a block's activations held at a
-    time, not all of them, for one more forward pass of compute. Its buffers stay as the forward
-    left them: the recomputation must not update BatchNorm's running statistics a second time
-    (compiled, the graph recomputes and keeps them so by itself)."""
+    """Each block's activations recomputed in the backward pass rather than kept (PyTorch's
+    non-reentrant checkpointing, dropout masks replayed), for one more forward pass of compute. The
+    block's buffers are restored after it: BatchNorm's running statistics update once (compiled,
+    the graph sees to that itself)."""
     for block in blocks:
-        kept = {} if compiled else {"context_fn": functools.partial(_recomputed_with_buffers_kept, block)}
+
+        def contexts(block=block):  # checkpoint's: none for the forward, one for the recomputation
+            return contextlib.nullcontext(), _buffers_restored(block)
+
+        kept = {} if compiled else {"context_fn": contexts}
         block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False, **kept)
 
 
-def _recomputed_with_buffers_kept(block: torch.nn.Module):
-    """checkpoint's two contexts: none for the forward, one that restores the buffers for the
-    recomputation."""
-    return contextlib.nullcontext(), _buffers_kept(block)
-
-
 @contextlib.contextmanager
-def _buffers_kept(block: torch.nn.Module):
+def _buffers_restored(block: torch.nn.Module):
     saved = [buffer.clone() for buffer in block.buffers()]
     try:
         yield
@@ -74,7 +71,11 @@ class Engine:
     def __init__(self, cfg: Config, splits, device: torch.device) -> None:
         self.model = distributed.build(lambda: build_model(cfg, splits), cfg, device)  # what checkpoints hold
         if cfg.activation_checkpointing:
-            recompute(repeated_blocks(self.model)[:: cfg.activation_checkpointing], cfg.compile)
+            from .. import model  # its repeated_blocks(): a model of your own declares them there
+
+            if not hasattr(model, "repeated_blocks"):
+                raise ConfigError("--activation-checkpointing: model.py declares no repeated_blocks(model)")
+            recompute(model.repeated_blocks(self.model)[:: cfg.activation_checkpointing], cfg.compile)
         self.forward = distributed.wrap(self.model, cfg, device)  # what the loop calls
         self.optimizer = build_optimizer(self.model, cfg)
         # what the step clips, listed once rather than at every step
