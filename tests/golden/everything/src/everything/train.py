@@ -44,13 +44,10 @@ class TrainingError(RuntimeError):
 
 
 def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=lambda phase: None):
-    """One optimizer step over cfg.grad_accum_steps micro-batches.
-
-    Returns the mean loss and the gradient norm as tensors: reading them (.item()) waits for the
-    device, so the loop does that only on logging steps. `mark(phase)` is called as each phase
-    begins (data, copy, forward, backward, optimizer) and with "done" at the end: `profile`
-    times the phases with it; training times nothing inside a step.
-    """
+    """One optimizer step over cfg.grad_accum_steps micro-batches: the mean loss and the gradient norm
+    as tensors (.item() waits for the device: the loop reads them on logging steps only). `mark(phase)`
+    is called as each phase begins (data, copy, forward, backward, optimizer) and with "done" at the
+    end, for `profile` to time them; training times nothing inside a step."""
     losses = []  # each micro-batch's share of the step's mean loss
     for i in range(cfg.grad_accum_steps):
         mark("data")
@@ -99,8 +96,7 @@ def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, 
 def log_train(loop: Loop, progress: Progress, loss: float, lr: float, grad_norm: float, skipped: int) -> None:
     """A train record in metrics.jsonl and on the console; a NaN loss stops the run first."""
     step = loop.state.step
-    if not math.isfinite(loss):  # before any checkpoint could hold the damage
-        # recorded for diagnose, which reads the lr and grad norm before it
+    if not math.isfinite(loss):  # recorded for diagnose (the lr and grad norm), raised before a checkpoint
         loop.run.log(step=step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
         raise TrainingError(
             f"loss is {loss} at step {step}: lower --lr, check the precision"
@@ -117,21 +113,18 @@ def log_train(loop: Loop, progress: Progress, loss: float, lr: float, grad_norm:
 
 
 def validate(loop: Loop, val_loader, show: bool) -> bool:
-    """A validation pass, recorded; best saved when it improved. True: stop early.
-    Its line is said when `show` or when it stops the run."""
+    """Validates and records, printing if `show` or stopping; saves best if better. True: stop early."""
     cfg, state = loop.cfg, loop.state
     distributed.broadcast_buffers(loop.engine.model)  # every rank evaluates rank 0's BatchNorm statistics
     metrics = evaluate(loop.engine, val_loader, loop.splits, loop.device)
     loop.run.log(step=state.step, split="val", **metrics)
     improved = metrics["loss"] < state.best_val_loss
-    stop = False
     if improved:
-        state.best_val_loss, state.best_step = metrics["loss"], state.step
-        state.evals_since_best = 0
+        state.best_val_loss, state.best_step, state.evals_since_best = metrics["loss"], state.step, 0
         loop.checkpoints.save_best(payload(loop))
     else:
         state.evals_since_best += 1
-        stop = cfg.patience > 0 and state.evals_since_best >= cfg.patience
+    stop = cfg.patience > 0 and state.evals_since_best >= cfg.patience
     if show or stop:
         values = "  ".join(f"{name} {value:.4f}" for name, value in metrics.items())
         loop.say(f"step {state.step}  val {values}" + ("  (best)" if improved else ""))
@@ -141,8 +134,7 @@ def validate(loop: Loop, val_loader, show: bool) -> bool:
 
 
 def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progress, signals: StopSignals):
-    """The steps from loop.state.step to cfg.max_steps, or to an early or signalled stop: the
-    summary, and the last checkpoint written."""
+    """The steps to cfg.max_steps or an early or signalled stop; returns the summary and last checkpoint."""
     cfg, engine, state, waits = loop.cfg, loop.engine, loop.state, loop.waits
     engine.model.train()
     skipped = torch.tensor(state.skipped_steps, device=loop.device)  # counted on the device: no sync
@@ -166,8 +158,7 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
             log_train(loop, progress, loss.item(), lr, grad_norm.item(), int(skipped.item()))
         waits.steps += time.perf_counter() - step_started  # to the logging sync; not validation
         if state.step % eval_every == 0 or last:
-            # Every validation is recorded; its line printed at most once in --log-every steps (an
-            # --eval-every below it validates more often), and the last and an early stop always.
+            # every validation is recorded; its line is printed at most once in --log-every steps
             show = last or state.step - shown >= cfg.log_every
             shown = state.step if show else shown
             stop = validate(loop, val_loader, show)
@@ -192,11 +183,8 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
 
 
 def train(cfg: Config, quiet: bool = False) -> dict:
-    """Trains (or resumes) the run in cfg.run_dir; returns where it ended and its best validation.
-
-    A stop signal ends it early: the summary's "stopped_by" names the signal, "exit_status" is 128
-    plus its number.
-    """
+    """Trains (or resumes) the run in cfg.run_dir; returns where it ended and its best validation
+    ("stopped_by" names a stop signal that ended it early, "exit_status" is 128 plus its number)."""
     with StopSignals() as signals:
         device, group = setup(cfg)
         quiet = quiet or not group.is_main  # one rank speaks for all
@@ -246,12 +234,8 @@ def train(cfg: Config, quiet: bool = False) -> dict:
             del batches, train_loader, val_loader
     if summary["stopped_by"] and not quiet:
         saved = saved and store.name(saved)  # a URL's, not the staging folder's
-        print(
-            f"stopped at step {state.step} by {summary['stopped_by']}; checkpoint {saved};"
-            " run the same command to resume",
-            file=sys.stderr,
-            flush=True,
-        )
+        stopped = f"stopped at step {state.step} by {summary['stopped_by']}; checkpoint {saved}"
+        print(f"{stopped}; run the same command to resume", file=sys.stderr, flush=True)
     elif not summary["stopped_by"]:
         best = summary["best_checkpoint"]
         say(f"best val loss {state.best_val_loss:.4f} at step {state.best_step}; checkpoint {best}")

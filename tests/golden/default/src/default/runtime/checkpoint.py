@@ -1,12 +1,9 @@
 """Machinery: checkpoints that resume a run exactly, written so that a crash never corrupts one.
 
-Each checkpoint holds the model (unwrapped), optimizer, scheduler,
-the training position, every RNG state, the config and the early-stopping state. It is written to a
-temporary file in the same folder, fsynced, then renamed over its final name, so a reader sees
-the old file or the new one, never half of one. Checkpoints hold only tensors and plain Python
-values: they load with `torch.load(weights_only=True)`, which never runs pickled code. Each carries
-a SHA-256 digest of its contents (every tensor's bytes, every value), checked on load: a flipped
-bit in the weights is reported, and the previous checkpoint used, as for a truncated file.
+Each holds the model (unwrapped), optimizer, scheduler, training position, RNG states,
+config and early-stopping state: tensors and plain values only, so `torch.load(weights_only=True)`
+runs no pickled code. Written to a temporary file, fsynced and renamed, none is ever half written;
+a SHA-256 digest checked on load reports a flipped bit and falls back, as for a truncated file.
 """
 
 import contextlib
@@ -31,20 +28,16 @@ class CheckpointDir:
     """`step-<n>.pt` every ckpt_every steps (the newest keep_last kept) and `best.pt`."""
 
     def __init__(self, path: Path, keep_last: int, main: bool = True) -> None:
-        """`main=False` (the other ranks of a multi-process run): reads checkpoints, saves nothing."""
+        """`main=False` (the other ranks of a multi-process run): reads checkpoints, saves nothing.
+        The main one makes the folder and removes what a crash in the middle of a save left."""
         self.path = path
         self.keep_last = keep_last
         self.main = main
-        if main:
-            self._prepare()
-
-    def _prepare(self) -> None:
-        """Makes the folder (RunLog made it in a run) and removes what a crash in the middle of a
-        save left."""
         try:
-            self.path.mkdir(parents=True, exist_ok=True)
-            for stale in self.path.glob(".*.tmp"):
-                stale.unlink()
+            if main:
+                self.path.mkdir(parents=True, exist_ok=True)
+                for stale in self.path.glob(".*.tmp"):
+                    stale.unlink()
         except OSError as error:
             raise CheckpointError(f"cannot write checkpoints in {self.path}: {error.strerror}") from None
 
@@ -54,9 +47,9 @@ class CheckpointDir:
         return [p for _, p in sorted(found)]
 
     def save(self, payload: dict, step: int) -> Path:
-        if not self.main:
-            return self.path / step_name(step)
         target = self.path / step_name(step)
+        if not self.main:
+            return target
         _atomic_save({**payload, "digest": digest(payload)}, target)
         for old in self.step_files()[: -self.keep_last]:  # only once the new one is safely written
             try:
@@ -66,11 +59,9 @@ class CheckpointDir:
         return target
 
     def save_best(self, payload: dict) -> Path:
-        if not self.main:
-            return self.path / "best.pt"
-        target = self.path / "best.pt"
-        _atomic_save({**payload, "digest": digest(payload)}, target)
-        return target
+        if self.main:
+            _atomic_save({**payload, "digest": digest(payload)}, self.path / "best.pt")
+        return self.path / "best.pt"
 
     def load_latest(self) -> tuple[Path, dict] | None:
         """The newest readable step checkpoint; an unreadable newer one is reported and skipped."""
@@ -202,10 +193,8 @@ def _atomic_save(payload: dict, target: Path) -> None:
             tmp.unlink(missing_ok=True)
         if isinstance(error.__context__, KeyboardInterrupt):  # torch's writer fails after an abort
             raise error.__context__ from None
-        if isinstance(error, OSError):
-            raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None
-        if isinstance(error, RuntimeError):  # torch's zip writer, after a failed write() say
-            cause = error.__context__
+        if isinstance(error, OSError | RuntimeError):  # RuntimeError: torch's zip writer's, on a failed write
+            cause = error if isinstance(error, OSError) else error.__context__
             reason = cause.strerror if isinstance(cause, OSError) else str(error).splitlines()[0]
             raise CheckpointError(f"cannot write checkpoint {target}: {reason}") from None
         raise

@@ -1,7 +1,6 @@
-"""Machinery: what a run folder's past decides: a fresh start or the newest valid checkpoint
-restored, the settings a resume may not change, the decay's horizon when --max-steps moved, and
-what a checkpoint holds: with the training objects, every global RNG's state, so that a resumed
-run draws the same dropout masks and noise as one that never stopped; and the source files' digests."""
+"""Machinery: a fresh start or the newest valid checkpoint restored, the settings a resume may not
+change, the decay's horizon when --max-steps moved, and what a checkpoint holds (with every RNG's
+state, so a resumed run draws the dropout masks a run that never stopped would, and code digests)."""
 
 import functools
 import hashlib
@@ -24,9 +23,8 @@ from .state import Loop, TrainState
 
 
 def restore_run(loop: Loop) -> dict | None:
-    """Sets loop.state to a fresh run's, or to the newest valid checkpoint's restored into
-    loop.engine; returns this rank's saved RNG streams (None for a fresh run, or a rank a reshard
-    adds), for the caller to restore last."""
+    """Sets loop.state to a fresh run's or the newest valid checkpoint's (into loop.engine); returns
+    this rank's saved RNG streams for the caller to restore last (None: a fresh run, or a new rank)."""
     cfg, group, say = loop.cfg, loop.group, loop.say
     code = source_files()  # the code this process runs, read as it starts (not an edit made later)
     latest = loop.checkpoints.load_latest()
@@ -136,10 +134,8 @@ def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
 
 
 def check_checkpoints_kept(run_dir: Path) -> None:
-    """Refuses a run folder whose checkpoints/ or step checkpoints were deleted: starting again at
-    step 0 would overwrite its records. A start makes checkpoints/ before it writes run.json, so a
-    run killed before its first checkpoint has the folder (empty) and starts again; a run whose
-    records go past its first checkpoint's step (or that finished) had one."""
+    """Refuses a run folder whose checkpoints were deleted: a start at step 0 would overwrite its
+    records. One killed before its first checkpoint has an empty checkpoints/ and starts over."""
     if not (run_dir / "run.json").exists():
         return
     if not (run_dir / "checkpoints").exists():
@@ -163,9 +159,8 @@ def check_checkpoints_kept(run_dir: Path) -> None:
 
 def reached_step(run_dir: Path) -> int:
     """The last step metrics.jsonl records training, 0 where it has none."""
-    if not (run_dir / "metrics.jsonl").exists():
-        return 0
-    return max((r["step"] for r in read_metrics(run_dir) if r["split"] == "train"), default=0)
+    records = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
+    return max((r["step"] for r in records if r["split"] == "train"), default=0)
 
 
 @functools.cache
@@ -176,9 +171,8 @@ def source_files() -> dict[str, str]:
 
 
 def schedule_horizon(cfg: Config, step: int, planned: int) -> int:
-    """The cosine decay's horizon for a run resumed at `step` that was planned for `planned` steps
-    (see config.fixed): a raised --max-steps keeps the plan, a lowered one re-plans it, and one
-    below `step` is refused."""
+    """The cosine decay's horizon for a run resumed at `step` of `planned`: a raised --max-steps
+    keeps the plan, a lowered one re-plans it, one below `step` is refused."""
     if cfg.max_steps < step:
         raise ConfigError(
             f"{cfg.run_dir} is at step {step} (of {planned} planned), past --max-steps {cfg.max_steps}:"

@@ -28,9 +28,8 @@ class TrainState:
     schedule_steps: int = 0  # the cosine decay's horizon: --max-steps when the run started
 
     def reshard(self, saved_world: int, world_size: int) -> None:
-        """The epoch's position in global batches of world_size processes, for a run saved by
-        saved_world: the first global batch with an example not trained on (the examples before
-        it in this epoch are not seen again). The same position when the two are equal."""
+        """The epoch's position in global batches of world_size processes for a run saved by saved_world:
+        the first global batch with an example not trained on (those before it are not seen again)."""
         self.batch_in_epoch = self.batch_in_epoch * saved_world // world_size
 
 
@@ -62,16 +61,10 @@ class Loop:
 
 
 def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
-    """Steps between validations, and one line saying what was chosen and why.
-
-    On a small data set an epoch is a few steps and the model can overfit long before a fixed
-    eval_every comes round: with --eval-every 0 it validates every epoch (at most EVAL_EVERY_MAX
-    steps apart), so early stopping and best.pt see the best point. Yet at least
-    EVAL_EVERY_MIN steps apart: a 333-row table's epoch is one step, and validating every step
-    would spend --patience on a few steps' noise and print a line a step. The schedule depends
-    only on the data's size and settings fixed on resume, so a resumed run validates where the
-    uninterrupted one did.
-    """
+    """Steps between validations, and a line saying why. A small data set can overfit before a fixed
+    eval_every comes round: --eval-every 0 validates every epoch (at most EVAL_EVERY_MAX steps apart)
+    yet at least EVAL_EVERY_MIN apart (a 333-row table's epoch is a step: --patience would go on noise).
+    It depends only on the data's size and settings fixed on resume: a resume validates as before."""
     steps_per_epoch = max(1, sampler.batches_per_epoch() // cfg.grad_accum_steps)
     size = f"{sampler.n_examples:,} training examples make {steps_per_epoch:,} steps an epoch"
     if cfg.eval_every:
@@ -98,8 +91,7 @@ def micro_batches(loader, sampler: EpochBatches, state: TrainState):
 
 
 def waited(batches, waits: Waits):
-    """Passes batches through, adding the seconds each took to arrive to waits.data; closing it
-    closes `batches` (and so ends the loader's workers)."""
+    """Passes batches through, adding each wait to waits.data; closing it closes `batches` (and workers)."""
     try:
         while True:
             start = time.perf_counter()

@@ -1,9 +1,8 @@
 """Machinery: batches in a resumable order, for any map-style dataset of single examples.
 
-The order is a pure function of (seed, epoch), and a resumed run skips exactly the batches it
-already trained on. Before each batch the loader sets `dataset.epoch`, so randomness inside a
-sample (augmentation) can be keyed by (seed, epoch, index) with `sample_rng`: the same numbers
-however many workers load the batches, and again after a resume.
+The order is a pure function of (seed, epoch); a resumed run skips exactly the batches it trained
+on. The loader sets `dataset.epoch` before each batch, so augmentation can key its randomness by
+(seed, epoch, index) with `sample_rng`: the same numbers for any number of workers, and on resume.
 """
 
 import hashlib
@@ -25,11 +24,10 @@ def sample_rng(seed: int, epoch: int, index: int) -> torch.Generator:
 
 
 class Shuffle:
-    """A random permutation of range(n) keyed by (seed, epoch), worked out for the positions
-    asked, so an epoch's order takes no memory whatever n is (an array of a billion window starts
-    would take 8 GB, and seconds to shuffle at every epoch). `order[positions]` is the example
-    at each position: a 4-round Feistel network over the smallest even power of two >= n, each
-    result outside range(n) sent through it again until it lands inside (a bijection still)."""
+    """A random permutation of range(n) keyed by (seed, epoch), worked out for the positions asked:
+    no memory whatever n is (a billion window starts shuffled would take 8 GB and seconds an epoch).
+    `order[positions]`: a 4-round Feistel network over the smallest even power of two >= n, a result
+    outside range(n) sent through again until it lands inside (a bijection still)."""
 
     ROUNDS = 4
 
@@ -55,21 +53,17 @@ class Shuffle:
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
-    """splitmix64's finaliser, its two multipliers written in decimal: every bit of the result
-    depends on every bit of x. uint64 arithmetic wraps, as it should."""
+    """splitmix64's finaliser: every output bit depends on every bit of x (uint64 wraps, as it should)."""
     x = (x ^ (x >> np.uint64(30))) * np.uint64(13787848793156543929)
     x = (x ^ (x >> np.uint64(27))) * np.uint64(10723151780598845931)
     return x ^ (x >> np.uint64(31))
 
 
 class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
-    """Training batches of a shuffled epoch as (epoch, indices), dropping the last partial one.
-
-    `set_epoch(epoch, start)` skips the first `start` batches: those a resumed run trained on.
-    Only the first `n_examples` examples of the dataset are drawn (--max-train-examples).
-    Each rank takes its slice of every global batch of world_size x batch_size examples, so N
-    processes with batch B see exactly the examples one process with batch N x B would.
-    """
+    """Training batches of a shuffled epoch as (epoch, indices), dropping the last partial one, of
+    the first `n_examples` (--max-train-examples). `set_epoch(epoch, start)` skips the `start` batches
+    a resumed run trained on. Each rank takes its slice of every global batch of world_size x
+    batch_size examples: N processes of batch B see exactly what one of batch N x B would."""
 
     AHEAD = 64  # batches whose examples are worked out at once: numpy's cost is per call
 
@@ -105,9 +99,8 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
 
 
 def read_batch(dataset: Dataset, indices: torch.Tensor):
-    """The examples at `indices` as one batch: at once through `__getitems__` where the dataset
-    has it (in-memory data, to stay fast), else one `dataset[i]` at a time, then joined by the
-    dataset's `collate` (variable-length examples padded, say), by default stacked."""
+    """The examples at `indices` as one batch: through `__getitems__` where the dataset has it (in
+    memory, fast), else one `dataset[i]` at a time joined by its `collate` (by default stacked)."""
     collate = getattr(dataset, "collate", default_collate)
     if hasattr(dataset, "__getitems__"):
         samples = dataset.__getitems__(indices)
@@ -141,18 +134,16 @@ def _as_read(batch):
 
 
 def epoch_batches(loader: DataLoader):
-    """One epoch of `loader`'s batches. With no workers and nothing to pin they are read here, as
-    the DataLoader would read them, without its own work for each batch (about 20 us, 1% of the
-    default model's step on a CPU)."""
+    """One epoch of `loader`'s batches; with no workers and nothing to pin, read here without the
+    DataLoader's own work for each batch (about 20 us, 1% of the default model's step on a CPU)."""
     if loader.num_workers > 0 or loader.pin_memory:
         return iter(loader)
     return (loader.dataset.__getitems__(batch) for batch in loader.batch_sampler)
 
 
 def close(loader: DataLoader) -> None:
-    """Ends a loader's persistent workers now. Dropping the loader does that too, except after an
-    error raised in a worker: torch then keeps its workers to the exit, where they (ignoring stop
-    signals, see seed_worker) would hang it. torch has no public call for this."""
+    """Ends a loader's persistent workers now (no public call): after an error in a worker torch
+    keeps them to the exit, where they (ignoring stop signals) would hang it."""
     if loader._iterator is not None:
         loader._iterator._shutdown_workers()
 
@@ -179,8 +170,7 @@ def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None 
     val_batches = [(0, b) for b in validation_batches(len(splits.val), cfg.batch_size, group)]
 
     def loader(split, batch_sampler) -> DataLoader:
-        # Each loader has its own generator: a loader without one draws worker seeds from the
-        # global RNG whenever an iterator starts, and a resumed run would then drift from the original.
+        # its own generator: without one, worker seeds come from the global RNG and a resume drifts
         return DataLoader(
             EpochDataset(split),
             batch_sampler=batch_sampler,

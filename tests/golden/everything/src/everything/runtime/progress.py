@@ -1,5 +1,4 @@
-"""Machinery: what a run prints as it trains: a progress bar with loss, throughput and ETA on a
-terminal, plain lines when its output goes to a file."""
+"""Machinery: what a run prints as it trains, on a terminal and in a log."""
 
 import sys
 import time
@@ -16,10 +15,8 @@ class Progress:
         self.max_steps = max_steps
         self.examples_per_step = examples_per_step
         self.quiet = quiet
-        on_terminal = not quiet and sys.stderr.isatty()
-        self.bar = tqdm(
-            total=max_steps, initial=step, unit="step", dynamic_ncols=True, disable=not on_terminal
-        )
+        on_tty = not quiet and sys.stderr.isatty()
+        self.bar = tqdm(total=max_steps, initial=step, unit="step", dynamic_ncols=True, disable=not on_tty)
         self.clock, self.clock_step = time.perf_counter(), step
 
     def update(self) -> None:
@@ -32,11 +29,8 @@ class Progress:
         if not self.bar.disable:
             self.bar.set_postfix_str(f"loss {loss:.4f}  lr {lr:.2e}  {rate:,.0f} examples/s")
         elif not self.quiet:
-            print(
-                f"step {step}/{self.max_steps}  loss {loss:.4f}  lr {lr:.2e}"
-                f"  grad_norm {grad_norm:.3f}  {rate:,.0f} examples/s",
-                flush=True,
-            )
+            values = f"loss {loss:.4f}  lr {lr:.2e}  grad_norm {grad_norm:.3f}  {rate:,.0f} examples/s"
+            print(f"step {step}/{self.max_steps}  {values}", flush=True)
 
     def close(self) -> None:
         self.bar.close()

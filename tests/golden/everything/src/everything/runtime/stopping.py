@@ -1,14 +1,11 @@
 """Machinery: ending a run cleanly: a signal stops it at a step boundary, and one writer holds a run folder.
 
-SIGTERM (what SLURM, Kubernetes and `kill` send), SIGINT (Ctrl-C) and SIGUSR1 only note the signal;
-the loop reads the note after the optimizer step it is in, writes that step's checkpoint and
-exits with 128 + the signal's number (143, 130, 138), as a shell reports a process the signal
-ended. Run the same command to resume: the stop costs no steps. A second signal aborts at once,
-leaving the newest checkpoint as it was.
+SIGTERM (from SLURM, Kubernetes, `kill`), SIGINT (Ctrl-C) and SIGUSR1 are noted; after the step it
+is in, the loop writes that step's checkpoint and exits with 128 + the signal (143, 130, 138), as a
+shell reports it. The same command resumes, losing no steps. A second signal aborts at once.
 
-A run folder has one writer: `train` holds an exclusive lock on RUN_DIR/.lock for the whole run
-(a POSIX record lock: the kernel drops it when the process ends, even by kill -9, and loader
-workers forked from it do not inherit it), and a second `train` on the folder stops at once.
+`train` holds an exclusive POSIX record lock on RUN_DIR/.lock (dropped by the kernel when it ends,
+even by kill -9; not inherited by loader workers): a second `train` on the folder stops at once.
 """
 
 import errno
@@ -57,8 +54,7 @@ class StopSignals:
 
 
 def ignore_stop_signals() -> None:
-    """For loader workers: a Ctrl-C or a SLURM signal reaches the whole process group, and the main
-    process alone decides when to stop (a worker ended by it would crash the loader)."""
+    """For loader workers: a Ctrl-C reaches the process group; a worker it ended would crash the loader."""
     for sig in SIGNALS:
         signal.signal(sig, signal.SIG_IGN)
 
