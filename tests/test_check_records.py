@@ -35,11 +35,19 @@ def project(checked) -> Path:
 def test_each_check_says_on_stderr_what_it_is_doing_and_how_long_it_took(checked):
     lines = checked[1].stderr.splitlines()
 
-    assert [line.split(":")[0] for line in lines] == [
-        f"check {name}" for name in ("overfit", "batch", "init", "loader", "resume") for _ in "ab"
+    by_check: dict[str, list[str]] = {}  # what each check said, in order: its start, phases, end
+    for line in lines:
+        name, said = line.split(": ", 1)
+        by_check.setdefault(name, []).append(said)
+    assert list(by_check) == [
+        f"check {name}" for name in ("overfit", "batch", "init", "loader", "resume")
     ]
     assert lines[0] == "check overfit: memorising one batch of 8 (at most 300 steps)..."
-    assert all(re.fullmatch(r"check \w+: done in \d+\.\d s", line) for line in lines[1::2])
+    for said in by_check.values():
+        assert said[0].endswith("...") and re.fullmatch(r"done in \d+\.\d s", said[-1]), said
+    assert (
+        "training steps with the loader..." in by_check["check loader"]
+    )  # its phases said as they start
 
 
 def sanity(project: Path, run_dir: str) -> str:

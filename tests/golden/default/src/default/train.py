@@ -188,8 +188,8 @@ def train(cfg: Config, quiet: bool = False) -> dict:
             return {**asdict(state), "stopped_by": None, "exit_status": 0}
         n_params = sum(p.numel() for p in engine.model.parameters() if p.requires_grad)
         say(f"model: {n_params:,} trainable parameters; device {device}, precision {PRECISION}")
-        sizes = f"{len(splits.train):,} train / {len(splits.val):,} val examples"
-        say(f"data: {splits.source}, {splits.trains_on()}; {sizes}")
+        learns = f"{splits.trains_on()}; " if hasattr(splits, "trains_on") else ""  # your data.py may not say
+        say(f"data: {splits.source}, {learns}{len(splits.train):,} train / {len(splits.val):,} val examples")
         train_loader, val_loader, sampler = build_loaders(splits, cfg, device, group)
         eval_every, plan = validation_schedule(cfg, sampler)
         say(plan)
