@@ -74,3 +74,13 @@ def test_check_all_passes_with_every_block_recomputed_and_a_bad_value_is_one_lin
     assert bad.returncode == 2 and "Traceback" not in bad.stderr
     last = bad.stderr.strip().splitlines()[-1]
     assert last.endswith("activation_checkpointing must be >= 0, got -1")
+
+    model = (
+        project / "src" / "acall" / "model.py"
+    )  # a model.py of its owner's, from before the flag
+    model.write_text(model.read_text().replace("def repeated_blocks(", "def _blocks("))
+    undeclared = run(project, "train", "--activation-checkpointing", "1", "--max-steps", "1")
+    assert undeclared.returncode == 2 and "Traceback" not in undeclared.stderr
+    assert undeclared.stderr.strip().splitlines()[-1] == (
+        "error: --activation-checkpointing: model.py declares no repeated_blocks(model)"
+    )
