@@ -246,7 +246,11 @@ FLAT_LAYOUT = Path(__file__).parent / "fixtures" / "template-flat-layout.tar.gz"
 # named steps, so an edit inside the old loop conflicts, as it should). Should a later template
 # change one of these lines, the update rightly conflicts: edit another line instead.
 USER_FILE_EDITS = [
-    ("src/demo/model.py", "nn.GELU()]", "nn.SiLU()]"),
+    (
+        "src/demo/model.py",
+        "F.cross_entropy(logits.float(), y)",
+        'F.cross_entropy(logits.float(), y, reduction="mean")',
+    ),
     ("src/demo/data.py", "def synthetic_data(n: int = 4096,", "def synthetic_data(n: int = 6000,"),
     (
         "src/demo/train.py",
