@@ -466,7 +466,8 @@ def test_a_run_folder_inside_a_file_is_found_before_training(project, tmp_path, 
     tally[SUITE]["inputs tried"] += 1
     done = train(project, tmp_path / "file" / "run")
     assert is_clean_error(done), done.stderr
-    assert f"cannot write to run folder {tmp_path / 'file' / 'run'}" in done.stderr
+    run_dir, file = tmp_path / "file" / "run", tmp_path / "file"
+    assert f"--run-dir {run_dir}: {file} is a file: name a folder" in done.stderr
 
 
 # --- resuming with another model or data --------------------------------------------------------

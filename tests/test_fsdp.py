@@ -363,7 +363,7 @@ def test_a_model_edit_that_changes_shapes_is_refused_in_one_line_naming_them(
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, done.stderr[-3000:]
     assert "runs/two/checkpoints/step-00000040 holds a model with other shapes" in errors[0]
-    assert "(body.0.weight (256, 16) -> (512, 16), body.0.bias (256,) -> (512,)," in errors[0]
+    assert "(body.0.0.weight (256, 16) -> (512, 16), body.0.0.bias (256,) -> (512,)," in errors[0]
     assert "Traceback" not in done.stderr
     assert records(edited / "runs" / "two") == records(two_process_run)  # left as it was
 

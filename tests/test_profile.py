@@ -336,7 +336,7 @@ def test_out_of_memory_in_train_ends_in_one_line_with_the_remedies_in_order(tmp_
     raising = (
         '        self.calls = getattr(self, "calls", 0) + 1\n'
         "        if self.calls == 3:\n"
-        '            raise torch.cuda.OutOfMemoryError(\"CUDA out of memory\")\n'
+        '            raise torch.cuda.OutOfMemoryError("CUDA out of memory")\n'
     )
     model.write_text(text.replace(old, raising + old))
     done = run(project, "train", "--device", "cpu", "--max-steps", "5", "--batch-size", "48")

@@ -199,7 +199,10 @@ def test_bits_per_byte_in_every_val_record_and_sample_decodes_bpe(project, text)
 
 def _one_line_exit_2(done: subprocess.CompletedProcess, *expected: str) -> None:
     assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stderr.count("\n") == 1 and done.stderr.startswith("error: "), done.stderr
+    *phases, last = done.stderr.splitlines()  # prepare says each phase as it starts
+    assert last.startswith("error: ") and all(line.startswith("prepare: ") for line in phases), (
+        done.stderr
+    )
     for part in expected:
         assert part in done.stderr, done.stderr
 
