@@ -277,8 +277,8 @@ def _save_sharded(payload: dict, target: Path, main: bool) -> None:
     except BaseException as error:  # the previous checkpoint stays; the temporary folder goes
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(error, OSError):
-            raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None
+        if (cause := _failed_write(error)) is not None:
+            raise CheckpointError(f"cannot write checkpoint {target}: {cause.strerror}") from None
         if isinstance(error, dcp.api.CheckpointException):  # a rank's write failed: every rank raises
             raise CheckpointError(f"cannot write checkpoint {target}: {_first_failure(error)}") from None
         raise
@@ -323,6 +323,15 @@ def _write_file(payload: dict, target: Path) -> None:
     except BaseException as error:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise CheckpointError(f"cannot write {target}: {error.strerror}") from None
+        if (cause := _failed_write(error)) is not None:
+            raise CheckpointError(f"cannot write {target}: {cause.strerror}") from None
         raise
+
+
+def _failed_write(error: BaseException | None) -> OSError | None:
+    """The system's error behind a failed write (a full disk): `error`, or the one it was raised
+    in place of (torch's zip writer's "[enforce fail at inline_container.cc] unexpected pos",
+    _write_file's CheckpointError)."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__context__
+    return error
