@@ -105,31 +105,29 @@ def _launcher_ended(signum: int, frame) -> None:
     signal.raise_signal(signal.SIGTERM)
 
 
-def tell_launcher(line: str, lost_a_rank: bool = False, lasting: bool = False) -> None:
+# What a restart would meet again, as a failure's line says it: a full disk (or quota), a read-only one.
+LASTING = tuple(os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS))
+
+
+def tell_launcher(line: str, lost_a_rank: bool = False) -> None:
     """Leaves this worker's last line where torchrun's agent reads it when the worker exits
     (TORCHELASTIC_ERROR_FILE): the launcher (runtime/launch.py) names it when the job ends, and
-    restarts no worker for a `lasting` failure."""
+    restarts no worker for a `lasting` failure, one the line says a restart would meet again."""
     if path := os.environ.get("TORCHELASTIC_ERROR_FILE"):
         record = {
             "message": line,
             "timestamp": int(time.time()),
             "lost_a_rank": lost_a_rank,
-            "lasting": lasting,
+            "lasting": any(reason in line for reason in LASTING),
         }
         Path(path).write_text(json.dumps(record), encoding="utf-8")
 
 
-# Failures that a restart meets again, as their lines end: a full disk (or quota), a read-only one.
-LASTING = tuple(os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS))
-
-
 def report_failure(line: str) -> None:
     """A refusal or failure of this rank, in one line: rank 0 prints it for all, every rank tells
-    the launcher, and whether a restart would meet it again (a full or read-only disk, which the
-    line names with the file). The others wait a moment before they exit: rank 0, which mostly
-    fails the same way, then ends first, so the launcher's SIGTERM to the rest cannot cut its line
-    short."""
-    tell_launcher(line, lasting=any(reason in line for reason in LASTING))
+    the launcher. The others wait a moment before they exit: rank 0, which mostly fails the same
+    way, then ends first, so the launcher's SIGTERM to the rest cannot cut its line short."""
+    tell_launcher(line)
     if is_main_process():
         print(line, file=sys.stderr, flush=True)
     else:

@@ -63,7 +63,7 @@ class _Agent(LocalElasticAgent):
 
 def _for_good(failure) -> bool:
     """A worker's failure that a restart would meet again: a refusal, or a full or read-only disk
-    (its record says so: runtime/distributed.py's report_failure)."""
+    (its record says so: runtime/distributed.py's tell_launcher)."""
     return failure.exitcode == REFUSED or failure.error_file_data.get("lasting", False)
 
 
