@@ -445,11 +445,23 @@ def test_a_full_disk_inside_torch_save_of_the_state_file_says_so_and_restarts_no
     assert not list(checkpoints.iterdir())  # nothing half written is left
 
 
-def test_sigterm_to_one_worker_ends_the_job_with_143_spending_no_restart(project, two_process_run):
-    """SIGTERM to rank 1 alone, with restarts allowed: every rank stops at the same step with its
-    shards written, and the job exits 143 as for SIGTERM to the launcher. The launcher restarted
-    the group instead, which trained to the end: the job exited 0 with a restart spent."""
-    command = _torchrun(project, "train", "--run-dir", "runs/rank-stopped", "--max-steps", "40",
+@pytest.mark.parametrize(
+    "name",
+    [
+        "SIGTERM",
+        pytest.param("SIGINT", marks=pytest.mark.slow),
+        pytest.param("SIGUSR1", marks=pytest.mark.slow),
+    ],
+)
+def test_a_stop_signal_to_one_worker_ends_the_job_with_its_status_spending_no_restart(
+    project, two_process_run, name
+):
+    """A stop signal to rank 1 alone, with restarts allowed: every rank stops at the same step with
+    its shards written, and the job exits with 128 plus the signal's number as for one to the
+    launcher. The launcher restarted the group instead, which trained to the end: the job exited 0
+    with a restart spent."""
+    run_dir, signum = f"runs/rank-stopped-{name}", getattr(signal, name)
+    command = _torchrun(project, "train", "--run-dir", run_dir, "--max-steps", "40",
                         "--batch-size", "16", *SMALL,
                         extra=("--nnodes", "1", "--max-restarts", "3"))  # fmt: skip
     launcher = subprocess.Popen(command, cwd=project, env=_env_ddp(project), stdout=subprocess.PIPE,
@@ -458,20 +470,20 @@ def test_sigterm_to_one_worker_ends_the_job_with_143_spending_no_restart(project
     for line in launcher.stdout:
         output.append(line)
         if line.startswith("step 15/"):
-            os.kill(_workers(launcher, PACKAGE)[1], signal.SIGTERM)
+            os.kill(_workers(launcher, PACKAGE)[1], signum)
     launcher.wait(timeout=120)
     log = "".join(output)
-    assert launcher.returncode == 143 and "Traceback" not in log, log[-3000:]
+    assert launcher.returncode == 128 + signum and "Traceback" not in log, log[-3000:]
     assert sum(line.startswith("model: ") for line in log.splitlines()) == 1, log[-3000:]
     stopped = [line for line in log.splitlines() if line.startswith("stopped at step ")]
-    assert len(stopped) == 1 and "by SIGTERM" in stopped[0], log[-3000:]
-    assert log.rstrip().splitlines()[-1] == stopped[0], log[-3000:]
+    assert len(stopped) == 1 and f"by {name}" in stopped[0], log[-3000:]
+    assert log.rstrip().splitlines()[-1] == stopped[0] and "aborted" not in log, log[-3000:]
     step = int(stopped[0].split()[3])
-    saved = project / "runs" / "rank-stopped" / "checkpoints" / f"step-{step:08d}"
+    saved = project / run_dir / "checkpoints" / f"step-{step:08d}"
     state = torch.load(saved / "state.pt", map_location="cpu", weights_only=True)
     assert state["state"]["step"] == step and len(state["rng"]) == 2  # both ranks' streams
-    _train(project, "runs/rank-stopped", 40, 16)
-    assert records(project / "runs" / "rank-stopped") == records(two_process_run)  # bit for bit
+    _train(project, run_dir, 40, 16)
+    assert records(project / run_dir) == records(two_process_run)  # bit for bit
 
 
 def test_sigterm_to_the_launcher_ends_the_job_with_143_and_the_resume_is_bit_identical(
