@@ -50,11 +50,10 @@ class _Agent(LocalElasticAgent):
         statuses = [handler.proc.poll() for handler in self._pcontext.subprocess_handlers.values()]
         exits = [status for status in statuses if status is not None]  # of the workers that ended
         stopping = bool(exits) and set(exits) <= STOPPED
+        self._stop_began = (self._stop_began or time.monotonic()) if stopping else None
         logging.getLogger(processes.__name__).disabled = stopping  # its "failed (exitcode: 143)"
-        if stopping and len(exits) < len(statuses):
-            self._stop_began = self._stop_began or time.monotonic()
-            if time.monotonic() - self._stop_began < STOPPING_SECONDS:
-                return RunResult(state=WorkerState.HEALTHY)
+        if stopping and len(exits) < len(statuses) and time.monotonic() - self._stop_began < STOPPING_SECONDS:
+            return RunResult(state=WorkerState.HEALTHY)
         result = super()._monitor_workers(worker_group)
         if result.state == WorkerState.FAILED and (stopping or any(map(_for_good, result.failures.values()))):
             self._remaining_restarts = 0  # read by the agent's loop right after this returns
