@@ -277,6 +277,41 @@ def test_a_second_start_of_a_url_on_one_machine_is_refused_before_it_touches_the
     assert stored(endpoint, "twice")["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
 
 
+# What only looks like a store URL, or a URL where a command takes a local path: each once trained
+# or wrote into a local folder named "s3:" (or "nosuch:"), some exiting 0.
+NOT_A_URL, LOCAL_ONLY = "is not a store URL", "takes a local path here, not a URL"
+NOT_URLS = {
+    "one-slash": (["train", "--run-dir", "s3:/runs/x"], f"s3:/runs/x {NOT_A_URL}"),
+    "no-bucket": (["train", "--run-dir", "s3://"], f"s3:// {NOT_A_URL}"),
+    "empty-bucket": (["train", "--run-dir", "s3:///x"], f"s3:///x {NOT_A_URL}"),
+    "unknown-scheme": (["train", "--run-dir", "nosuch://runs/x"], f"nosuch://runs/x {NOT_A_URL}"),
+    "data-url": (["train", "--data", "s3://runs/d.csv"], f"train {LOCAL_ONLY}"),
+    "read-one-slash": (["diagnose", "runs/a", "s3:/runs/x"], f"s3:/runs/x {NOT_A_URL}"),
+    "since-one-slash": (["report", "runs/a", "--since", "gs:/runs/x"], f"gs:/runs/x {NOT_A_URL}"),
+    "checkpoint-one-slash": (["export", "--checkpoint", "s3:/x/checkpoints/best.pt"], NOT_A_URL),
+    "checkpoint-outside-checkpoints": (
+        ["export", "--checkpoint", "s3://runs/x/best.pt"],
+        "a checkpoint on a store is RUN_URL/checkpoints/NAME",
+    ),
+    "export-out-url": (["export", "--out", "s3://runs/m.pt"], f"export {LOCAL_ONLY}"),
+    "plot-output-url": (["plot", "runs/a", "-o", "s3://runs/c.png"], f"plot {LOCAL_ONLY}"),
+    "predict-url": (["predict", "s3://runs/rows.csv"], f"predict {LOCAL_ONLY}"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_URLS))
+def test_a_mistyped_url_or_a_url_for_a_local_path_is_one_line_and_writes_nothing(
+    project, tmp_path, tally, case
+):
+    args, expected = NOT_URLS[case]
+    tally["faults (generated projects)"]["inputs tried"] += 1
+    env = env_for(project, f"http://127.0.0.1:{free_port()}", tmp_path / "cache")
+    done = subprocess.run(_command(project, args), env=env, **READ | {"cwd": tmp_path})
+    assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and expected in done.stderr, done.stderr
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []  # no "s3:" folder, no cache
+
+
 def test_an_unreachable_store_fails_in_one_line_naming_it(project, tmp_path):
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     env = env_for(project, nowhere, tmp_path / "cache", AWS_MAX_ATTEMPTS="1")

@@ -4,6 +4,7 @@ store's newest checkpoint pulled into the staging folder first, or fetched for t
 import sys
 from pathlib import Path
 
+from ..config import ConfigError
 from .distributed import Dist, stage_run
 from .store import RECORDS, RunStore, StoreError, cache_dir, is_url, top
 
@@ -53,6 +54,8 @@ def fetch_checkpoint(path: str | None) -> str:
     if not is_url(path):
         return path
     run_url, _, name = path.rstrip("/").rpartition("/checkpoints/")
+    if not run_url:
+        raise ConfigError(f"{path}: a checkpoint on a store is RUN_URL/checkpoints/NAME")
     store = RunStore(run_url)
     local = cache_dir(path.rstrip("/"), "reads") / "checkpoints"  # this checkpoint's alone
     with store.reaching("read"):

@@ -39,7 +39,10 @@ class StoreError(RuntimeError):
 
 
 def is_url(path: str) -> bool:
-    return "://" in str(path)
+    """scheme://bucket/key (file:///folder) of a scheme fsspec knows; main() refuses what only looks so."""
+    scheme, _, rest = str(path).partition("://")
+    bucket = "/?[^/]" if scheme == "file" else "[^/]"  # file:///folder, file://folder: no bucket
+    return scheme in fsspec.available_protocols() and re.match(bucket, rest) is not None
 
 
 def cache_dir(url: str, kind: str) -> Path:

@@ -89,5 +89,5 @@ def run_diagnose(run_dirs: list[str], as_json: bool = False) -> int:
                 {"run_dir": str(b.dir), "since": str(a.dir), "name": f.name, "line": line}
                 for f, line in zip(gone, fixed, strict=True)
             ]
-    print(json.dumps(report, indent=2) if as_json else "\n".join(lines))
+    print(json.dumps(report, indent=2, ensure_ascii=False) if as_json else "\n".join(lines))  # ü, not \u00fc
     return 1 if any(found) else 0
