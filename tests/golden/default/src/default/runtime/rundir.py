@@ -61,6 +61,7 @@ def fetch_checkpoint(path: str | None) -> str:
             if files:
                 store.download_all(files, local)
                 prune(local, files)
+                print(f"reading {path} (its copy here: {local / name})", file=sys.stderr)
                 return str(local / name)
     raise StoreError(f"{path}: no complete checkpoint in {run_url} holds {name}")
 
