@@ -216,8 +216,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         progress = Progress(cfg.max_steps, state.step, loop.examples_per_step(), quiet)
         try:
             summary, saved = run_steps(loop, batches, val_loader, eval_every, progress, signals)
-            lost = not checkpoints.best.exists()  # said at the resume
-            summary["best_checkpoint"] = None if lost else store.name(checkpoints.best)
+            summary["best_checkpoint"] = store.name(checkpoints.best) if checkpoints.best.exists() else None
             run.finish(summary)
         except RuntimeError as error:  # out of memory: what to do next, in one line
             if not hardware.out_of_memory(error):

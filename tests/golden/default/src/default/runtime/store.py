@@ -94,8 +94,6 @@ class RunStore:
             self.fs.invalidate_cache()
             manifests = self.manifests(problems)
         with self.reaching("write to"):
-            if manifests or not problems:  # none readable: left as they are, for a person to look at
-                self._remove_unlisted(manifests)  # what a cut-off upload left
             probe = f"{self.root}/.write-test"
             self.fs.pipe_file(probe, b"ok")  # refused credentials fail here, before training
             self.fs.rm_file(probe)
@@ -113,7 +111,7 @@ class RunStore:
             except StoreError as error:
                 kept = steps
                 print(f"warning: {error}", file=sys.stderr)
-            with self.reaching("write to"):  # and the older ones a kill before their pruning left
+            with self.reaching("write to"):  # what a cut-off upload or pruning left
                 self._remove_unlisted(manifests[max(0, at + 1 - self.keep_last) :])
             break
         if problems and not kept:

@@ -71,8 +71,7 @@ def restore_run(loop: Loop) -> dict | None:
 
 
 def check_best(loop: Loop, checkpoint: dict) -> None:
-    """A best missing or damaged at a resume, said: made again from `checkpoint` where that is
-    the best, else removed and lost until a better validation saves one."""
+    """A best missing or damaged at a resume, said: made again from `checkpoint` if that is the best."""
     state, best, problem = loop.state, loop.checkpoints.best, None
     if loop.group.is_main and state.best_step:  # 0: no validation yet, so no best
         try:
