@@ -301,6 +301,33 @@ def test_a_checkpoint_from_before_digests_resumes_the_run_unverified(
     assert same_records(copy, reference, tally)
 
 
+@pytest.mark.slow
+def test_a_best_checkpoint_damaged_before_a_resume_is_said_and_never_reported(
+    project, reference, tmp_path, tally
+):
+    copy = copy_of(reference, tmp_path)
+    checkpoints = copy / "checkpoints"
+    for later in sorted(checkpoints.glob("step-*.pt"))[-2:]:  # the run as it stood at step 60
+        later.unlink()
+    (checkpoints / "best.pt").write_bytes(b"")  # step 50's, the best: emptied
+    tally[SUITE]["inputs tried"] += 1
+    tally[SUITE]["faults injected"] += 1
+
+    done = train(project, copy)
+
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stdout.splitlines() if "best.pt" in line and "warning" in line]
+    assert said == [
+        f"warning: checkpoint {checkpoints / 'best.pt'} is unreadable (EOFError): the best model"
+        " (step 50) is lost until a better validation"
+    ], done.stdout
+    assert done.stdout.strip().splitlines()[-1].endswith("at step 50; checkpoint lost")
+    assert not (checkpoints / "best.pt").exists()
+    assert json.loads((copy / "run.json").read_text())["finished"]["best_checkpoint"] is None
+    assert "at step 50; checkpoint lost" in run(project, "report", copy).stdout
+    assert same_records(copy, reference, tally)
+
+
 def flip_bytes_in_largest_tensor(path: Path, count: int = 16) -> str:
     """XOR `count` bytes in the middle of the largest tensor stored in a checkpoint's zip, leaving
     the zip and the pickle intact (torch stores no checksum of them): the name of the record."""
