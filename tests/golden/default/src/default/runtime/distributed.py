@@ -11,6 +11,8 @@ import torch
 from ..config import Config, ConfigError
 from .store import RunStore
 
+WORKER_START = None  # loader workers start as the platform starts processes (fork on Linux)
+
 
 @dataclass(frozen=True)
 class Dist:

@@ -79,6 +79,10 @@ def init_distributed(device_type: str) -> Dist:
     return Dist(rank, world_size, local_rank)
 
 
+# Loader workers start from a server process, not forked from this one: the process group's threads
+# take Python's thread-state lock, and a fork while one held it deadlocked the worker for good
+# (CPython gh-112275, in 3.11.7 and before: a validation's loader never started, in 2 of 2 CI runs).
+WORKER_START = "forkserver"
 PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h): a signal for when the parent dies
 
 

@@ -13,7 +13,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
 
 from ..config import Config, ConfigError
-from .distributed import Dist, init_distributed, validation_batches
+from .distributed import WORKER_START, Dist, init_distributed, validation_batches
 from .stopping import ignore_stop_signals
 
 
@@ -176,6 +176,7 @@ def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None 
             persistent_workers=cfg.num_workers > 0,
             prefetch_factor=4 if cfg.num_workers > 0 else None,
             worker_init_fn=seed_worker,
+            multiprocessing_context=WORKER_START if cfg.num_workers > 0 else None,
         )
 
     return loader(splits.train, batches), loader(splits.val, val_batches), batches
