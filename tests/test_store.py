@@ -1,8 +1,9 @@
 """A generated project's run on an object store (`--run-dir s3://...`), against a real S3-compatible
 server (moto's, started here on localhost): a run killed mid-way and resumed on a "fresh machine"
 (its cache deleted, another working folder) ends bit for bit as an uninterrupted one; a kill
-between a checkpoint's files and its manifest leaves the previous checkpoint in use; an
-unreachable store or refused credentials fail in one line naming the URL.
+between a checkpoint's files and its manifest leaves the previous checkpoint in use; an outage
+(a proxy stopped and started) is ridden out, or stops the run in one line once it outlasts the
+retries; an unreachable store or refused credentials fail in one line naming the URL.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -67,6 +69,11 @@ def dumps(obj, *args, **kwargs):
     return _dumps(obj, *args, **kwargs)
 json.dumps = dumps
 """
+# Uploads given up after 3 s away, not 5 minutes.
+SHORT_RETRIES = """
+import demo.runtime.store
+demo.runtime.store.RETRY_SECONDS = 3
+"""
 
 
 def free_port() -> int:
@@ -93,6 +100,41 @@ def moto_server(**env):
     finally:
         server.terminate()
         server.wait()
+
+
+class Proxy:
+    """A TCP proxy on localhost to `port`; stop() cuts its connections and refuses new ones until start()."""
+
+    def __init__(self, port: int) -> None:
+        self.target, self.port, self.open = port, free_port(), []
+        self.start()
+
+    def start(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self.server,), daemon=True).start()
+
+    def stop(self) -> None:
+        for sock in [self.server, *self.open]:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked on it
+            sock.close()
+        self.open = []
+
+    def _accept(self, server: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client = server.accept()[0]
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+                self.open += [client, upstream]
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+            b.shutdown(socket.SHUT_WR)
 
 
 @pytest.fixture(scope="module")
@@ -135,8 +177,9 @@ def env_for(project: Path, endpoint: str, cache: Path, **extra) -> dict:
     return {**_env(project), **KEYS, **where, **extra}
 
 
-def train(project, url, cwd, env, stop_at: int | None = None) -> tuple[int, str, str]:
-    """Trains the run at `url` from `cwd`; with `stop_at`, SIGKILLs it once it printed that step."""
+def train(project, url, cwd, env, stop_at: int | None = None, then=None) -> tuple[int, str, str]:
+    """Trains the run at `url` from `cwd`; with `stop_at`, SIGKILLs it once it printed that step (or
+    calls `then` there, and lets it train on)."""
     command = _command(project, ["train", "--run-dir", url, *SMALL_RUN])
     with subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -146,6 +189,9 @@ def train(project, url, cwd, env, stop_at: int | None = None) -> tuple[int, str,
         for line in proc.stdout:
             out.append(line)
             if stop_at is not None and line.startswith(f"step {stop_at}/"):
+                if then is not None:
+                    then()
+                    continue
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
         stdout, stderr = "".join(out) + proc.stdout.read(), proc.stderr.read()
@@ -275,6 +321,49 @@ def test_a_second_start_of_a_url_on_one_machine_is_refused_before_it_touches_the
     assert "Traceback" not in second.stderr
     assert first.returncode == 0, stderr
     assert stored(endpoint, "twice")["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+
+
+def test_an_outage_of_15_s_is_ridden_out_as_training_goes_on(project, reference, endpoint, tmp_path):
+    proxy = Proxy(int(endpoint.rsplit(":", 1)[1]))
+    env = env_for(project, f"http://127.0.0.1:{proxy.port}", tmp_path / "cache")
+
+    def outage():
+        proxy.stop()
+        threading.Timer(15, proxy.start).start()
+
+    code, _, stderr = train(project, "s3://runs/outage", project, env, stop_at=25, then=outage)
+    assert code == 0, stderr
+    assert "retrying for 300 s, training on" in stderr  # it met the outage
+    files = stored(endpoint, "outage")
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
+    assert "checkpoints/step-00000080.json" in files
+
+
+def test_an_outage_past_the_retries_stops_the_run_in_one_line_and_loses_nothing(
+    project, reference, endpoint, tmp_path
+):
+    proxy = Proxy(int(endpoint.rsplit(":", 1)[1]))
+    env = env_for(project, f"http://127.0.0.1:{proxy.port}", tmp_path / "cache")
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(SHORT_RETRIES)
+    short = {**env, "PYTHONPATH": f"{inject}:{env['PYTHONPATH']}"}
+    code, _, stderr = train(project, "s3://runs/gone", project, short, stop_at=25, then=proxy.stop)
+    last = stderr.strip().splitlines()[-1]
+    stopped = re.fullmatch(
+        r"error: cannot upload to s3://runs/gone: Could not connect to the endpoint URL: \S+; "
+        r"retried for \d+ s; stopped at step (\d+): run the same command once it is back", last
+    )  # fmt: skip
+    assert code == 1 and stopped and int(stopped[1]) % 10 == 0, stderr
+    assert "Traceback" not in stderr
+    proxy.start()
+    code, stdout, stderr = train(project, "s3://runs/gone", project, env)
+    assert code == 0, stderr
+    assert 0 < resumed_at(stdout) < int(stopped[1]), stdout
+    files = stored(endpoint, "gone")
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
 
 
 def test_an_unreachable_store_fails_in_one_line_naming_it(project, tmp_path):
