@@ -35,10 +35,11 @@ def _port() -> int:
 
 def _torchrun(project, *args, nproc=2, extra=(), **popen) -> list[str]:
     """The project's launcher (runtime/launch.py: torchrun with its exit statuses), as scripts/
-    run it."""
+    run it: on port 0 unless given one (a port probed free can be another test's by the time
+    torchrun binds it, and torchrun then waits in that job's rendezvous)."""
     package = next((project / "src").iterdir()).name
     return [sys.executable, "-m", f"{package}.runtime.launch", "--nproc-per-node", str(nproc),
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{popen.pop('port', _port())}",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{popen.pop('port', 0)}",
             *extra, "-m", package, *map(str, args)]  # fmt: skip
 
 

@@ -178,7 +178,7 @@ def test_a_two_process_checkpoint_loads_exactly_under_another_number_of_processe
     if nproc == 1:
         command, env = [sys.executable, str(script), checkpoints], _env(project)
     else:
-        port = ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_port()}"]
+        port = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0"]
         command = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc),
                    *port,
                    str(script), checkpoints]  # fmt: skip

@@ -96,9 +96,7 @@ def run_command(args: argparse.Namespace) -> int:
         "find-lr": lambda: print(find_lr(config_from_args(args), args.output, args.range_steps)),
         "find-batch-size": lambda: print(find_batch_size(config_from_args(args), args.global_batch)),
         "export": lambda: export_weights(args.checkpoint, args.out),
-        "predict": lambda: print(
-            predict(args.path, args.output, fetch_checkpoint(args.checkpoint), args.device)
-        ),
+        "predict": lambda: predict(args.path, args.output, fetch_checkpoint(args.checkpoint), args.device),
     }
     return commands[args.command]() or 0  # None from a command that printed its result: success
 

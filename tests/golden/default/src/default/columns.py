@@ -95,8 +95,7 @@ def read_table(path: Path, types: dict[str, str] | None = None) -> pa.Table:
     names = table.column_names
     if path.suffix == ".csv" and all(_is_number(name) for name in names):
         raise DataError(f"{path}:1: every field is a number: the file needs a header row naming its columns")
-    twice = next((name for name in names if names.count(name) > 1), None)
-    if twice is not None:
+    if (twice := next((name for name in names if names.count(name) > 1), None)) is not None:
         raise DataError(f"{path}: column {twice!r} appears twice in the header")
     if table.num_rows == 0:
         raise DataError(f"{path}: need a header row and at least one example")
@@ -200,8 +199,7 @@ def read_npz(path: Path, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray
     """Arrays x (N, F) and y (N,) of a .npz file, and those of `optional` it holds, or a DataError."""
     try:
         with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
-            missing = [key for key in ("x", "y") if key not in arrays.files]
-            if missing:
+            if missing := [key for key in ("x", "y") if key not in arrays.files]:
                 found = ", ".join(arrays.files[:10]) or "none"
                 raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {found}")
             found = {key: arrays[key] for key in ("x", "y", *optional) if key in arrays.files}
@@ -267,8 +265,7 @@ def encode(path: Path, columns: list[Column], specs: list[dict]) -> np.ndarray:
     out = np.zeros((n_rows, len(feature_names(specs))), dtype=np.float32)
     rows, at = np.arange(n_rows), 0
     for spec in specs:
-        column = by_name.get(spec["name"])
-        if column is None:
+        if (column := by_name.get(spec["name"])) is None:
             raise DataError(f"{path}: no column {spec['name']!r}, which the model was trained on")
         missing = column.missing()
         if spec["type"] != "text":

@@ -114,8 +114,7 @@ def synthetic_data(n: int = 4096, n_features: int = 16, n_classes: int = 4):
     x = rng.standard_normal((n, n_features)).astype(np.float32)
     w1 = rng.standard_normal((n_features, 64)).astype(np.float32)
     w2 = rng.standard_normal((64, n_classes)).astype(np.float32)
-    y = np.argmax(np.tanh(x @ w1) @ w2, axis=1).astype(np.int64)
-    return x, y
+    return x, np.argmax(np.tanh(x @ w1) @ w2, axis=1).astype(np.int64)
 
 
 TARGET_NAME = "label"

@@ -23,8 +23,8 @@ from .runtime.checkpoint import load
 BATCH = 8192  # rows a forward pass
 
 
-def predict(path: str, output: str, checkpoint: str, device: str) -> str:
-    """Writes `output` (CSV) with a row of predictions a row of `path`; what it wrote, in a line."""
+def predict(path: str, output: str, checkpoint: str, device: str) -> None:
+    """Writes `output` (CSV) with a row of predictions a row of `path`, and says so in a line."""
     saved = load(checkpoint)
     cfg = Config(**{**saved["config"], "device": device})
     data = saved["data"]
@@ -46,4 +46,4 @@ def predict(path: str, output: str, checkpoint: str, device: str) -> str:
         columns[f"p_{name}"] = pa.array(probs[:, i].round(6))
     out.parent.mkdir(parents=True, exist_ok=True)
     pa_csv.write_csv(pa.table(columns), out)
-    return f"wrote {out}: {len(x):,} rows predicted by {checkpoint}"
+    print(f"wrote {out}: {len(x):,} rows predicted by {checkpoint}")

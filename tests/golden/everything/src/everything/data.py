@@ -215,8 +215,7 @@ def read_npz(path: Path, optional: tuple[str, ...] = ()) -> dict[str, np.ndarray
     """Arrays x (N, F) and y (N,) of a .npz file, and those of `optional` it holds, or a DataError."""
     try:
         with np.load(path, allow_pickle=False) as arrays:  # never unpickle data
-            missing = [key for key in ("x", "y") if key not in arrays.files]
-            if missing:
+            if missing := [key for key in ("x", "y") if key not in arrays.files]:
                 found = ", ".join(arrays.files[:10]) or "none"
                 raise DataError(f"{path}: missing array(s) {', '.join(missing)}; found {found}")
             found = {key: arrays[key] for key in ("x", "y", *optional) if key in arrays.files}

@@ -7,6 +7,7 @@ Floats are written in full.
 
 import contextlib
 import datetime
+import functools
 import hashlib
 import json
 import os
@@ -21,7 +22,7 @@ import numpy as np
 import torch
 
 from ..config import Config
-from .records import RunRecordError, damaged_lines, parse_metrics, read_record
+from .records import RunRecordError, parse_metrics, read_record
 from .rundir import LocalRun, RunDirError
 from .stopping import RunLock
 from .store import PROJECT, RunStore
@@ -92,10 +93,7 @@ class RunLog:
             data = b""
         except OSError as error:
             raise RunDirError(f"cannot read {self.metrics_path}: {error.strerror}") from None
-        records, damaged = parse_metrics(data)
-        if damaged:
-            print(f"warning: {self.metrics_path}: {damaged_lines(damaged, data)} dropped", file=sys.stderr)
-        kept = [r for r in records if r["step"] <= step]
+        kept = [r for r in parse_metrics(data, self.metrics_path, "dropped") if r["step"] <= step]
         _write_atomically(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
         return kept
 
@@ -194,13 +192,16 @@ def git_state() -> dict:
     return {"commit": commit, "dirty": bool(status)}
 
 
+@functools.cache
+def source_files() -> dict[str, str]:
+    """Each Python file of the package and its digest, as this process first read them (at its start)."""
+    root = Path(__file__).resolve().parent.parent
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*.py")}
+
+
 def source_digest() -> str:
-    """A digest of the package's Python source on disk, edits included: `report` matches it to checks'."""
-    package = Path(__file__).resolve().parent.parent
-    digest = hashlib.sha256()
-    for path in sorted(package.rglob("*.py")):
-        digest.update(str(path.relative_to(package)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:16]
+    """One digest of source_files(), edits included: `report` matches a run's to its checks'."""
+    return hashlib.sha256(json.dumps(source_files(), sort_keys=True).encode()).hexdigest()[:16]
 
 
 def now_utc() -> str:

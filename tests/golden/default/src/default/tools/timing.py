@@ -56,8 +56,7 @@ def time_loader(cfg: Config) -> LoaderTiming:
     by_workers = samples_per_s_by_workers(splits, cfg, device)
 
     step = partial(train_step, Engine(cfg, splits, device), cfg=cfg, device=device)
-    on_device = [tuple(t.to(device) for t in next(batches)) for _ in range(cfg.grad_accum_steps)]
-    fixed = itertools.cycle(on_device)
+    fixed = itertools.cycle([tuple(t.to(device) for t in next(batches)) for _ in range(cfg.grad_accum_steps)])
     with closing(_phase(3 + WINDOW_STEPS // ROUNDS * ROUNDS, "step", "training steps alone")) as ticks:
         time_steps(step, fixed, device, 3, ticks)  # warm-up
         compute = min(time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS, ticks) for _ in range(ROUNDS))
@@ -77,18 +76,13 @@ def time_loader(cfg: Config) -> LoaderTiming:
     )
 
 
-def worker_counts(configured: int) -> list[int]:
-    """The worker counts to try: none, powers of two up to the CPU count, and the configured one."""
-    cpus = os.cpu_count() or 1
-    return sorted({0, configured} | {2**k for k in range(cpus.bit_length())})
-
-
 def samples_per_s_by_workers(splits, cfg: Config, device: torch.device) -> dict[int, float]:
-    """The loader alone, samples/s by --num-workers for each of worker_counts(); {} for a loader
-    without workers (in-memory tensors load fastest without)."""
+    """The loader alone, samples/s by --num-workers for none, powers of two up to the CPU count and
+    the configured one; {} for a loader without workers (in-memory tensors load fastest without)."""
     if cfg.num_workers == 0:
         return {}
-    rates, counts = {}, worker_counts(cfg.num_workers)
+    cpus = os.cpu_count() or 1
+    rates, counts = {}, sorted({0, cfg.num_workers} | {2**k for k in range(cpus.bit_length())})
     with closing(_phase(len(counts) * SWEEP_BATCHES, "batch", "the loader alone by --num-workers")) as ticks:
         for workers in counts:
             loader, _, sampler = build_loaders(splits, replace(cfg, num_workers=workers), device)

@@ -18,7 +18,6 @@ import json
 import os
 import secrets
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -230,17 +229,16 @@ def shutdown() -> None:
 def run_as_processes(processes: int, command) -> int:
     """command()'s exit status on every rank inside torchrun; outside it, that of this very command
     run again under torchrun (runtime/launch.py) as `processes` processes, with a c10d rendezvous
-    on this machine."""
+    on this machine. Its store binds port 0 (a free one, as torchrun's --standalone): a port probed
+    free beforehand can be taken by another job before torchrun binds it, and torchrun then joins
+    that job's rendezvous and waits out its 600 s timeout."""
     if "RANK" in os.environ:
         return command()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
     package = __package__.rpartition(".")[0]  # the project's, above runtime
     command = [
         sys.executable, "-m", f"{package}.runtime.launch", "--nnodes", "1",
         "--nproc-per-node", str(processes), "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", f"127.0.0.1:{port}", "-m", package, *sys.argv[1:],
+        "--rdzv-endpoint", "127.0.0.1:0", "-m", package, *sys.argv[1:],
     ]  # fmt: skip
     return subprocess.run(command).returncode
 

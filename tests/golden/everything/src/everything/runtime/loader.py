@@ -70,17 +70,12 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
     def __init__(
         self, n_examples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
     ) -> None:
-        self.n_examples = n_examples
-        self.batch_size = batch_size
-        self.seed = seed
-        self.rank = rank
-        self.world_size = world_size
-        self.epoch = 0
-        self.start = 0
+        self.n_examples, self.batch_size, self.seed = n_examples, batch_size, seed
+        self.rank, self.world_size = rank, world_size
+        self.epoch = self.start = 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
-        self.epoch = epoch
-        self.start = start
+        self.epoch, self.start = epoch, start
 
     def batches_per_epoch(self) -> int:
         return self.n_examples // (self.batch_size * self.world_size)

@@ -12,9 +12,7 @@ class Progress:
     """A progress bar with loss, throughput and ETA on a terminal; plain lines when logged to a file."""
 
     def __init__(self, max_steps: int, step: int, examples_per_step: int, quiet: bool) -> None:
-        self.max_steps = max_steps
-        self.examples_per_step = examples_per_step
-        self.quiet = quiet
+        self.max_steps, self.examples_per_step, self.quiet = max_steps, examples_per_step, quiet
         on_tty = not quiet and sys.stderr.isatty()
         self.bar = tqdm(total=max_steps, initial=step, unit="step", dynamic_ncols=True, disable=not on_tty)
         self.clock, self.clock_step = time.perf_counter(), step

@@ -68,12 +68,7 @@ def _misshapen(value, shape, name: str = "") -> list[str]:
 
 
 # What report and diagnose read from the latest `check all`'s summary.json ("?": may be absent).
-CHECK_SUMMARY_SHAPE = {
-    "overfit_loss": NUMBER,
-    "resume_matched": bool,
-    "loader_share": NUMBER,
-    "checks?": dict,
-}
+SUMMARY_SHAPE = {"overfit_loss": NUMBER, "resume_matched": bool, "loader_share": NUMBER, "checks?": dict}
 
 
 def commit_label(git: dict) -> str:
@@ -110,11 +105,10 @@ def read_checks(run_dir: Path, record: dict) -> tuple[dict | None, str | None]:
     except (OSError, ValueError) as error:  # unreadable, not JSON, or not UTF-8
         print(f"warning: {path}: cannot be read ({error.__class__.__name__}); left out", file=sys.stderr)
         return None, None
-    if _misshapen(summary, CHECK_SUMMARY_SHAPE):
+    if _misshapen(summary, SUMMARY_SHAPE):
         print(f"warning: {path} is damaged (not a check summary); left out", file=sys.stderr)
         return None, None
-    mismatch = checks_mismatch(summary, record)
-    if mismatch is None:
+    if (mismatch := checks_mismatch(summary, record)) is None:
         return summary, None
     when, commit = summary.get("finished", "at an unknown time"), commit_label(summary.get("git", {}))
     return None, f"the last checks ({path}, {when}, commit {commit}) ran on {mismatch}"
@@ -127,14 +121,12 @@ def read_metrics(run_dir: Path) -> list[dict]:
         data = path.read_bytes()
     except OSError as error:
         raise RunRecordError(f"cannot read {path}: {error.strerror}") from None
-    records, damaged = parse_metrics(data)
-    if damaged:
-        print(f"warning: {path}: {damaged_lines(damaged, data)} skipped", file=sys.stderr)
-    return records
+    return parse_metrics(data, path, "skipped")
 
 
-def parse_metrics(data: bytes) -> tuple[list[dict], list[int]]:
-    """The records in metrics.jsonl's bytes, and the numbers of the lines that are not one."""
+def parse_metrics(data: bytes, path: Path, dropped: str) -> list[dict]:
+    """The records in metrics.jsonl's bytes (read from `path`); a warning names the lines that are not
+    one, and what becomes of them (`dropped`)."""
     records, damaged = [], []
     for number, line in enumerate(data.splitlines(), 1):
         if not line.strip():
@@ -147,7 +139,9 @@ def parse_metrics(data: bytes) -> tuple[list[dict], list[int]]:
             records.append(record)
         else:
             damaged.append(number)
-    return records, damaged
+    if damaged:
+        print(f"warning: {path}: {damaged_lines(damaged, data)} {dropped}", file=sys.stderr)
+    return records
 
 
 def _is_record(record) -> bool:

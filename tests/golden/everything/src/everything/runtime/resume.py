@@ -2,8 +2,6 @@
 change, the decay's horizon when --max-steps moved, and what a checkpoint holds (with every RNG's
 state, so a resumed run draws the dropout masks a run that never stopped would, and code digests)."""
 
-import functools
-import hashlib
 import math
 import random
 from dataclasses import asdict
@@ -18,7 +16,7 @@ from .checkpoint import restore
 from .distributed import all_gather, broadcast_buffers, resharding
 from .engine import PRECISION
 from .records import RunRecordError, read_metrics, read_record
-from .runlog import run_record
+from .runlog import run_record, source_files
 from .state import Loop, TrainState
 
 
@@ -86,15 +84,11 @@ def payload(loop: Loop) -> dict:
 
 
 def rng_state() -> dict:
-    numpy_state = np.random.get_state(legacy=False)
+    _, key, pos, has_gauss, gauss = np.random.get_state()  # NumPy's MT19937, its key saved as a tensor
+    mt = {"key": torch.from_numpy(key.astype(np.int64)), "pos": pos, "has_gauss": has_gauss, "gauss": gauss}
     return {
         "python": random.getstate(),
-        "numpy": {
-            "key": torch.from_numpy(numpy_state["state"]["key"].astype(np.int64)),
-            "pos": numpy_state["state"]["pos"],
-            "has_gauss": numpy_state["has_gauss"],
-            "gauss": numpy_state["gauss"],
-        },
+        "numpy": mt,
         "torch": torch.get_rng_state(),
         # This process's own GPU only: get_rng_state_all() would start a context on every visible
         # GPU, and could not be restored where their number differs. None with --device cpu.
@@ -104,14 +98,9 @@ def rng_state() -> dict:
 
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
-    numpy_state = state["numpy"]
+    mt = state["numpy"]
     np.random.set_state(
-        {
-            "bit_generator": "MT19937",
-            "state": {"key": numpy_state["key"].numpy().astype(np.uint32), "pos": numpy_state["pos"]},
-            "has_gauss": numpy_state["has_gauss"],
-            "gauss": numpy_state["gauss"],
-        }
+        ("MT19937", mt["key"].numpy().astype(np.uint32), mt["pos"], mt["has_gauss"], mt["gauss"])
     )
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_initialized():
@@ -167,13 +156,6 @@ def reached_step(run_dir: Path) -> int:
     """The last step metrics.jsonl records training, 0 where it has none."""
     records = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
     return max((r["step"] for r in records if r["split"] == "train"), default=0)
-
-
-@functools.cache
-def source_files() -> dict[str, str]:
-    """Each Python file of the package and its digest, as this process first read them (at its start)."""
-    root = Path(__file__).resolve().parent.parent
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*.py")}
 
 
 def schedule_horizon(cfg: Config, step: int, planned: int) -> int:

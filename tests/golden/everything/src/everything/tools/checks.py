@@ -15,6 +15,7 @@ taken as it starts: the commit (and whether the tree had uncommitted changes), a
 source, the data and the config. `report` shows a run's Sanity line only when they are the run's.
 """
 
+import itertools
 import json
 import math
 import random
@@ -101,7 +102,7 @@ def check_overfit(cfg: Config) -> CheckResult:
     first = target = None
     steps = range(1, OVERFIT_MAX_STEPS + 1)
     for step in announced(steps, "check overfit", "step") if group.is_main else steps:
-        train_step(engine, _repeat((x, y)), cfg, device)
+        train_step(engine, itertools.repeat((x, y)), cfg, device)
         with torch.no_grad():  # memorised means so without dropout, as the model predicts
             loss = compute_loss(engine.model.eval()(x), y)
         engine.model.train()
@@ -266,6 +267,7 @@ def _run(cfg: Config, which: str) -> int:
             shutil.rmtree(made, ignore_errors=True)
         raise
     if which == "all":
+        ran = work / "resume" / "uninterrupted" / "run.json"  # the run whose data and config were checked
         summary = {
             "overfit_loss": results["overfit"].value,
             "resume_matched": results["resume"].passed,
@@ -275,21 +277,19 @@ def _run(cfg: Config, which: str) -> int:
             "checks": {name: r.passed for name, r in results.items()},
             "passed": all(r.passed for r in results.values()),
             **checked,
-            "data": _checked_data(work),
+            "data": json.loads(ran.read_text())["data"],
             "finished": now_utc(),
         }
         if main:
             write_json_atomically(work / "summary.json", summary)  # for `report`
-        commit = commit_label(checked["git"])
         say(
-            f"**Run:** {PROJECT} commit {commit}, config {work / 'resume' / 'uninterrupted' / 'run.json'}, "
+            f"**Run:** {PROJECT} commit {commit_label(checked['git'])}, config {ran}, "
             f"seed {cfg.seed}, torch {torch.__version__}"
         )
         say(f"**Sanity:** {sanity(summary)}")
         say(
             f"**Throughput:** {results['loader'].samples_per_s:,.0f} samples/s, "
-            f"GPU util {results['loader'].gpu_util}, "
-            f"data-loader time share {results['loader'].value:.1%}"
+            f"GPU util {results['loader'].gpu_util}, data-loader time share {results['loader'].value:.1%}"
         )
     if lock is not None:
         lock.release()
@@ -307,8 +307,7 @@ def _run_each(checks: dict, main: bool) -> dict[str, CheckResult]:
         results[name] = check()
         if main:
             print(results[name].line())
-            elapsed = time.perf_counter() - started
-            print(f"check {name}: done in {elapsed:.1f} s", file=sys.stderr, flush=True)
+            print(f"check {name}: done in {time.perf_counter() - started:.1f} s", file=sys.stderr, flush=True)
     return results
 
 
@@ -326,11 +325,6 @@ def _lock(work: Path, main: bool) -> RunLock | None:
     return lock
 
 
-def _checked_data(work: Path) -> dict:
-    """The data the checks ran on, as the resume check's run recorded it (Splits.describe())."""
-    return json.loads((work / "resume" / "uninterrupted" / "run.json").read_text())["data"]
-
-
 def sanity(summary: dict) -> str:
     """The Sanity line of the summary: every check's result (`report` prints it too)."""
     checks = summary.get("checks", {})  # absent from the summaries of older projects
@@ -341,8 +335,3 @@ def sanity(summary: dict) -> str:
         f"batch independence {verdict['batch']}; loss at init {summary.get('initial_loss', math.nan):.4g} "
         f"({verdict['init']}); loader {verdict['loader']}"
     )
-
-
-def _repeat(batch):
-    while True:
-        yield batch

@@ -17,8 +17,7 @@ from .loss_findings import find_flat, find_nan, find_overfitting, find_spiky, fi
 
 def diagnose(run: Run, leak_test: bool = True) -> list[Finding]:
     """Every finding of the table that the run's records show, in the table's order."""
-    nan = find_nan(run)
-    if nan:  # the curve before a NaN is the blow-up itself: reading it for the other rows misleads
+    if nan := find_nan(run):  # the curve before a NaN is the blow-up: reading it for the other rows misleads
         return nan + find_loader_bound(run)
     found = [*find_flat(run), *find_overfitting(run), *find_val_better(run, leak_test)]
     found += [*find_spiky(run), *find_loader_bound(run), *find_schedule(run)]

@@ -38,8 +38,7 @@ TIMED_STEPS = 3  # steps timed at each batch size, after one untimed
 def lr_range(cfg: Config, steps: int = RANGE_STEPS) -> list[tuple[float, float]]:
     """(learning rate, smoothed loss) for each step of the sweep, until the loss diverges."""
     device, splits, batches = training_batches(cfg)
-    engine = Engine(cfg, splits, device)
-    engine.model.train()
+    engine = Engine(cfg, splits, device)  # a fresh model: in training mode
     points, average, best = [], 0.0, math.inf
     print(f"find-lr: {steps} steps, lr {LR_START:g} up to {LR_END:g}...", file=sys.stderr, flush=True)
     for i in announced(range(steps), "find-lr", "step"):
@@ -58,22 +57,17 @@ def lr_range(cfg: Config, steps: int = RANGE_STEPS) -> list[tuple[float, float]]
     return points
 
 
-def suggest(points: list[tuple[float, float]]) -> tuple[float, str]:
-    """The suggested --lr and the rule that gave it."""
-    lowest_lr, lowest = min(points, key=lambda p: p[1])
-    rule = f"{1 / SUGGEST_DIVISOR:g} x the lr of the lowest smoothed loss, {lowest:.4g} at lr {lowest_lr:.3g}"
-    return lowest_lr / SUGGEST_DIVISOR, rule
-
-
 def find_lr(cfg: Config, output: str, steps: int = RANGE_STEPS) -> str:
     """Runs the sweep, plots it when matplotlib is there, and says what --lr to use."""
     points = lr_range(cfg, steps)
     if len(points) < 2:
         return f"the loss was not finite from the first steps of the sweep at lr {LR_START:g}: check the data"
-    lr, rule = suggest(points)
+    lowest_lr, lowest = min(points, key=lambda p: p[1])
+    lr = lowest_lr / SUGGEST_DIVISOR
     lines = [
         f"swept lr {points[0][0]:.3g} -> {points[-1][0]:.3g} over {len(points)} steps",
-        f"suggested --lr {lr:.3g} ({rule}); now --lr {cfg.lr:g}",
+        f"suggested --lr {lr:.3g} ({1 / SUGGEST_DIVISOR:g} x the lr of the lowest smoothed loss, "
+        f"{lowest:.4g} at lr {lowest_lr:.3g}); now --lr {cfg.lr:g}",
     ]
     try:
         import matplotlib
