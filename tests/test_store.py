@@ -69,11 +69,6 @@ def dumps(obj, *args, **kwargs):
     return _dumps(obj, *args, **kwargs)
 json.dumps = dumps
 """
-# Uploads given up after 3 s away, not 5 minutes.
-SHORT_RETRIES = """
-import demo.runtime.store
-demo.runtime.store.RETRY_SECONDS = 3
-"""
 
 
 def free_port() -> int:
@@ -103,7 +98,8 @@ def moto_server(**env):
 
 
 class Proxy:
-    """A TCP proxy on localhost to `port`; stop() cuts its connections and refuses new ones until start()."""
+    """A TCP proxy on localhost to `port`; stop() cuts its connections and refuses new ones until
+    start()."""
 
     def __init__(self, port: int) -> None:
         self.target, self.port, self.open = port, free_port(), []
@@ -177,10 +173,12 @@ def env_for(project: Path, endpoint: str, cache: Path, **extra) -> dict:
     return {**_env(project), **KEYS, **where, **extra}
 
 
-def train(project, url, cwd, env, stop_at: int | None = None, then=None) -> tuple[int, str, str]:
-    """Trains the run at `url` from `cwd`; with `stop_at`, SIGKILLs it once it printed that step (or
-    calls `then` there, and lets it train on)."""
-    command = _command(project, ["train", "--run-dir", url, *SMALL_RUN])
+def train(
+    project, url, cwd, env, stop_at: int | None = None, at=None, args=()
+) -> tuple[int, str, str]:
+    """Trains the run at `url` from `cwd`; with `stop_at`, SIGKILLs it once it printed that step;
+    `at` maps steps to calls made with the process once it printed them."""
+    command = _command(project, ["train", "--run-dir", url, *SMALL_RUN, *args])
     with subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
@@ -188,10 +186,10 @@ def train(project, url, cwd, env, stop_at: int | None = None, then=None) -> tupl
         out = []
         for line in proc.stdout:
             out.append(line)
+            for step, call in (at or {}).items():
+                if line.startswith(f"step {step}/"):
+                    call(proc)
             if stop_at is not None and line.startswith(f"step {stop_at}/"):
-                if then is not None:
-                    then()
-                    continue
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
         stdout, stderr = "".join(out) + proc.stdout.read(), proc.stderr.read()
@@ -323,45 +321,94 @@ def test_a_second_start_of_a_url_on_one_machine_is_refused_before_it_touches_the
     assert stored(endpoint, "twice")["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
 
 
-def test_an_outage_of_15_s_is_ridden_out_as_training_goes_on(project, reference, endpoint, tmp_path):
+def outage(endpoint: str, project: Path, cache: Path, **extra) -> tuple[Proxy, dict]:
+    """A proxy to the store, to stop and start, and the environment of a run that uses it."""
     proxy = Proxy(int(endpoint.rsplit(":", 1)[1]))
-    env = env_for(project, f"http://127.0.0.1:{proxy.port}", tmp_path / "cache")
+    return proxy, env_for(project, f"http://127.0.0.1:{proxy.port}", cache, **extra)
 
-    def outage():
+
+def test_an_outage_of_13_s_is_ridden_out_as_training_goes_on(
+    project, reference, endpoint, tmp_path
+):
+    proxy, env = outage(endpoint, project, tmp_path / "cache")
+    back = {}
+
+    def away(proc):
         proxy.stop()
-        threading.Timer(15, proxy.start).start()
+        threading.Timer(
+            13, lambda: (back.setdefault("at", time.monotonic()), proxy.start())
+        ).start()
 
-    code, _, stderr = train(project, "s3://runs/outage", project, env, stop_at=25, then=outage)
+    def last_step(proc):
+        back.setdefault("last step", time.monotonic())
+
+    code, _, stderr = train(
+        project, "s3://runs/outage", project, env, at={25: away, MAX_STEPS: last_step}
+    )
     assert code == 0, stderr
-    assert "retrying for 300 s, training on" in stderr  # it met the outage
+    assert "; retrying for 300 s" in stderr and "Traceback" not in stderr  # it met the outage
+    assert back["last step"] < back["at"]  # the loop trained on; the run's end waited for the store
     files = stored(endpoint, "outage")
     assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
     assert same_model(files[FINAL], reference / FINAL)
     assert "checkpoints/step-00000080.json" in files
 
 
-def test_an_outage_past_the_retries_stops_the_run_in_one_line_and_loses_nothing(
+def test_an_outage_past_the_retries_stops_the_run_at_a_checkpoint_in_one_line_losing_nothing(
     project, reference, endpoint, tmp_path
 ):
-    proxy = Proxy(int(endpoint.rsplit(":", 1)[1]))
-    env = env_for(project, f"http://127.0.0.1:{proxy.port}", tmp_path / "cache")
-    inject = tmp_path / "inject"
-    inject.mkdir()
-    (inject / "sitecustomize.py").write_text(SHORT_RETRIES)
-    short = {**env, "PYTHONPATH": f"{inject}:{env['PYTHONPATH']}"}
-    code, _, stderr = train(project, "s3://runs/gone", project, short, stop_at=25, then=proxy.stop)
-    last = stderr.strip().splitlines()[-1]
+    proxy, env = outage(endpoint, project, tmp_path / "cache")
+    url, fast = "s3://runs/gone", {**env, "AWS_MAX_ATTEMPTS": "1"}  # each try fails at once
+    retry = ("--upload-retry-minutes", "0.02")  # 1.2 s
+    code, stdout, stderr = train(
+        project, url, project, fast, at={25: lambda _: proxy.stop()}, args=retry
+    )
+    warning, last = stderr.strip().splitlines()
+    assert warning.startswith("warning: cannot upload to s3://runs/gone: ") and warning.endswith(
+        "retrying for 1 s"
+    )
     stopped = re.fullmatch(
         r"error: cannot upload to s3://runs/gone: Could not connect to the endpoint URL: \S+; "
-        r"retried for \d+ s; stopped at step (\d+): run the same command once it is back", last
-    )  # fmt: skip
-    assert code == 1 and stopped and int(stopped[1]) % 10 == 0, stderr
-    assert "Traceback" not in stderr
+        r"retried for \d s; not stored from step (\d+) on: run the same command once it is back",
+        last,
+    )
+    assert code == 1 and stopped, stderr
+    steps = [int(n) for n in re.findall(r"^step (\d+)/", stdout, re.MULTILINE)]
+    assert steps[-1] % 10 == 0, stdout  # it stopped at a checkpoint
     proxy.start()
-    code, stdout, stderr = train(project, "s3://runs/gone", project, env)
+    code, stdout, stderr = train(project, url, project, env)
     assert code == 0, stderr
     assert 0 < resumed_at(stdout) < int(stopped[1]), stdout
     files = stored(endpoint, "gone")
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
+
+
+def test_a_second_stop_signal_ends_an_upload_retrying_saying_so(
+    project, reference, endpoint, tmp_path
+):
+    proxy, env = outage(endpoint, project, tmp_path / "cache", AWS_MAX_ATTEMPTS="1")
+    url, retry = "s3://runs/abort", ("--upload-retry-minutes", "1")
+
+    def stop(
+        proc,
+    ):  # the first signal ends the loop at a checkpoint, and the run waits for the store
+        os.kill(proc.pid, signal.SIGTERM)
+        threading.Timer(3, os.kill, (proc.pid, signal.SIGTERM)).start()
+
+    at = {25: lambda _: proxy.stop(), 30: stop}
+    started = time.monotonic()
+    code, stdout, stderr = train(project, url, project, env, at=at, args=retry)
+    assert code == 128 + signal.SIGTERM and time.monotonic() - started < 30, stderr
+    *_, warning, aborted = stderr.strip().splitlines()
+    step = re.fullmatch(rf"warning: step (\d+) is not on {url}: its upload was cut short", warning)
+    assert step and int(step[1]) in (30, 31), stderr
+    assert aborted.startswith("aborted by a second SIGTERM: ") and "Traceback" not in stderr
+    proxy.start()
+    code, stdout, stderr = train(project, url, project, env)
+    assert code == 0, stderr
+    assert 0 < resumed_at(stdout) <= 20, stdout
+    files = stored(endpoint, "abort")
     assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
     assert same_model(files[FINAL], reference / FINAL)
 
