@@ -150,8 +150,10 @@ class RunStore:
     def push(self, step: int) -> None:
         """Uploads the checkpoint of `step`, just written, and the records in the background. The
         files are hard-linked aside first: the loop may replace best or delete the step meanwhile."""
-        while self._pending is not None and not self._pending.done() and self._away is None:
-            wait([self._pending], timeout=1)  # one upload at a time while the store answers
+        while self._pending is not None and not self._pending.done():  # one upload at a time...
+            if self._away is not None and time.monotonic() - self._away < self.retry_s:
+                break  # ...but while the store is away, training goes on; away too long, the run stops here
+            wait([self._pending], timeout=1)
         self._newest = step
         if self._pending is None or self._pending.done():
             self.wait()  # an upload given up stops the run here
