@@ -231,7 +231,7 @@ class RunStore:
             pending.result()
 
     def close(self) -> None:
-        """Waits for the upload in flight, then uploads the records as they end; a stop signal: no more."""
+        """Waits for the upload in flight (a stop signal ends that), then uploads the records as they end."""
         try:
             self.wait()
             if self._away is None:  # the store answered last: nothing given up
