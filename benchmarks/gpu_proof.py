@@ -12,7 +12,8 @@ and records a part that fails or runs out of time without stopping the others:
                    generated loop's shape against PyTorch's documented loop; tokens/s and MFU
   find-batch-size  a generation project's own `find-batch-size`: the memory search on the GPU
   ddp, fsdp        a generation project's `scripts/train_single_node.sh` with NPROC=2: two ranks
-                   on the one GPU (they share it over gloo: NCCL refuses two ranks on one GPU)
+                   on the one GPU (they share it over gloo: NCCL refuses two ranks on one GPU);
+                   fsdp's with every block recomputed (--activation-checkpointing 1)
   matrix           every cuda primary of the matrix (device cuda, tracker none: 180) rendered,
                    linted and checked with `check all` on the GPU (the matrix's runner with
                    native_device and fresh interpreters), --jobs at a time, each at most
@@ -345,6 +346,8 @@ def distributed_part(args: argparse.Namespace, mode: str, work: Path, logs: Path
     answers = {**PROJECT, "distributed": mode}
     steps = 20 if args.device == "cpu" else TRAIN_STEPS
     options = ["--run-dir", "runs/proof", "--max-steps", str(steps), "--val-fraction", "0.01"]
+    if mode == "fsdp":  # the blocks recomputed in the backward pass, before FSDP2 shards them
+        options += ["--activation-checkpointing", "1"]
     command = ["bash", "scripts/train_single_node.sh", *options, *device_flag(args)]
     where = "one GPU" if args.device == "cuda" else "the CPU"
     what = f"{mode}: 2 processes on {where}, `train` {steps} steps, {combination_id(answers)}"

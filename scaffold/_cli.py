@@ -21,7 +21,7 @@ import typer
 # Only what building the command line needs is imported here; each command imports what it runs
 # (copier, the matrix's runner), so that `scaffold new` loads no more than a render needs.
 from scaffold import __version__, questions
-from scaffold.errors import ScaffoldError
+from scaffold.errors import Interrupted, ScaffoldError
 
 # The click that typer runs on: the `click` package, or the copy newer typers carry inside.
 _click_errors = importlib.import_module(typer.BadParameter.__module__)
@@ -182,9 +182,15 @@ def update_(
 
     A git three-way merge: your edits stay. Commit your changes first.
     """
-    from scaffold import update
+    from scaffold.interrupts import signals_deferred, sigterm_raises_keyboard_interrupt
 
-    result = update.update_project(directory, answers)
+    try:
+        with sigterm_raises_keyboard_interrupt():
+            with signals_deferred():  # a Ctrl-C inside an import can surface as a RuntimeError
+                from scaffold import update
+            result = update.update_project(directory, answers)
+    except KeyboardInterrupt:  # typer would exit 130 without a word
+        raise Interrupted("interrupted before the merge began: nothing was changed") from None
     for name, (saved, now) in result.changed_answers.items():
         print(f"{name}: {saved} -> {now}" if saved is not None else f"{name}: {now} (new)")
     if result.status == "up to date":
@@ -351,6 +357,8 @@ def run(argv: Sequence[str] | None = None) -> int:
         return _error(err.format_message(), err.exit_code)
     except (typer.Abort, KeyboardInterrupt):
         return _error("interrupted", 130)
+    if result == 130:  # typer's return for a Ctrl-C it caught (or a project's interrupted checks)
+        return _error("interrupted", 130)
     return result if isinstance(result, int) else 0
 
 
@@ -360,4 +368,7 @@ def _error(message: str, exit_code: int) -> int:
 
 
 def main() -> None:
-    sys.exit(run())
+    """For a `scaffold` script installed before the entry point became scaffold.__main__:main."""
+    from scaffold import __main__
+
+    __main__.main()

@@ -38,3 +38,19 @@ def signals_deferred() -> Iterator[None]:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+@contextlib.contextmanager
+def signals_ignored() -> Iterator[None]:
+    """Ignore Ctrl-C and SIGTERM, in git too (an ignored signal stays ignored across exec): for
+    work that, once begun, must end rather than stop half-way. One sent meanwhile is dropped."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held = (signal.SIGINT, signal.SIGTERM)
+    previous = [signal.signal(signum, signal.SIG_IGN) for signum in held]
+    try:
+        yield
+    finally:
+        for signum, handler in zip(held, previous, strict=True):
+            signal.signal(signum, handler)

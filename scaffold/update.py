@@ -33,6 +33,7 @@ import yaml
 from scaffold import __version__, git, moves
 from scaffold.errors import InvalidAnswerError, ScaffoldError, UsageError
 from scaffold.git import PRISTINE_BRANCH
+from scaffold.interrupts import signals_ignored
 from scaffold.questions import (
     Question,
     answers_file,
@@ -75,7 +76,8 @@ def update_project(
     was never asked take their defaults. Raises a `ScaffoldError`, having changed nothing, when
     the project cannot be updated (not a scaffold project in git, uncommitted changes, a merge
     in progress, a damaged answers file, an invalid answer). Conflicts are not an error: the
-    returned status says so.
+    returned status says so. Ctrl-C or SIGTERM stops it only before the merge begins (a
+    KeyboardInterrupt, nothing changed); from there on they are ignored until the merge ends.
     """
     project = Path(os.path.realpath(project))
     template = template or template_dir()
@@ -107,18 +109,20 @@ def update_project(
     if tree == git.run(project, "rev-parse", f"{previous}^{{tree}}").stdout.strip():
         if git.is_ancestor(project, previous, head):
             return Update(project, "up to date", branch, changed)
-        return _merge(project, previous, head, branch, changed)
+        with signals_ignored():  # a merge cut short leaves a half-written tree: once begun, it ends
+            return _merge(project, previous, head, branch, changed)
     moved = moves.follow(project, previous, tree, head)
     pristine = _commit_render(project, tree, moved.base if moved else previous, now, template)
-    if moved is None:
-        return _merge(project, pristine, head, branch, changed)
-    kept = _local_pristine(project)
-    _fast_forward(project, moved)
-    try:
-        return _merge(project, pristine, head, branch, changed, moved.lines())
-    except BaseException:
-        _put_back(project, head, kept)
-        raise
+    with signals_ignored():
+        if moved is None:
+            return _merge(project, pristine, head, branch, changed)
+        kept = _local_pristine(project)
+        _fast_forward(project, moved)
+        try:
+            return _merge(project, pristine, head, branch, changed, moved.lines())
+        except BaseException:
+            _put_back(project, head, kept)
+            raise
 
 
 def _check_repository(project: Path, template: Path) -> None:

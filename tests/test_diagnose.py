@@ -358,11 +358,12 @@ def test_a_run_stopped_early_fixes_nothing(diag, tmp_path, capsys):
 
 def test_the_command_line_exit_status_and_json(tmp_path):
     project = render(tmp_path / "cli")
-    flat = write_run(
-        tmp_path / "flat", train=lambda s: 1.386, val=lambda s: 1.386, grad_norm=lambda s: 0.0
+    flat = write_run(  # a non-ASCII name, once printed as "\u043f\u043b..."
+        tmp_path / "плоский", train=lambda s: 1.386, val=lambda s: 1.386, grad_norm=lambda s: 0.0
     )
     done = run(project, "diagnose", flat, "--json")
     assert done.returncode == 1, done.stderr
+    assert f'"run_dir": "{flat}"' in done.stdout
     [finding] = json.loads(done.stdout)["runs"][0]["findings"]
     assert finding["name"] == "flat" and finding["checks"].startswith("gradients not flowing")
     missing = run(project, "diagnose", tmp_path / "nowhere")

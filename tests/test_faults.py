@@ -10,6 +10,7 @@ that tests/conftest.py prints at the end.
 from __future__ import annotations
 
 import contextlib
+import gzip
 import io
 import itertools
 import json
@@ -297,6 +298,33 @@ def test_a_checkpoint_from_before_digests_resumes_the_run_unverified(
     assert done.returncode == 0, done.stderr
     assert f"warning: checkpoint {newest} has no digest" in done.stdout
     assert resumed_from(done.stdout) == (str(newest), 60)
+    assert same_records(copy, reference, tally)
+
+
+@pytest.mark.slow
+def test_a_best_checkpoint_damaged_before_a_resume_is_said_and_never_reported(
+    project, reference, tmp_path, tally
+):
+    copy = copy_of(reference, tmp_path)
+    checkpoints = copy / "checkpoints"
+    for later in sorted(checkpoints.glob("step-*.pt"))[-2:]:  # the run as it stood at step 60
+        later.unlink()
+    (checkpoints / "best.pt").write_bytes(b"")  # step 50's, the best: emptied
+    tally[SUITE]["inputs tried"] += 1
+    tally[SUITE]["faults injected"] += 1
+
+    done = train(project, copy)
+
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stdout.splitlines() if "best.pt" in line and "warning" in line]
+    assert said == [
+        f"warning: checkpoint {checkpoints / 'best.pt'} is unreadable (EOFError): the best model"
+        " (step 50) is lost until a better validation"
+    ], done.stdout
+    assert done.stdout.strip().splitlines()[-1].endswith("at step 50; checkpoint lost")
+    assert not (checkpoints / "best.pt").exists()
+    assert json.loads((copy / "run.json").read_text())["finished"]["best_checkpoint"] is None
+    assert "at step 50; checkpoint lost" in run(project, "report", copy).stdout
     assert same_records(copy, reference, tally)
 
 
@@ -605,6 +633,11 @@ MALFORMED = {
         "d.txt: expected a .csv, .parquet or .npz file",
     ),
     "missing-file": ("d.csv", None, "d.csv: no such file"),
+    "gzip-named-csv": (  # was pyarrow's "straddling object straddles two block boundaries"
+        "d.csv",
+        _bytes(gzip.compress(b"a,b,label\n" + b"1,2,0\n" * 5000)),
+        "d.csv: a compressed file (gzip or zip), not CSV text",
+    ),
     "label-column-only": ("d.csv", _bytes(b"label\n0\n1\n"), "d.csv: no feature columns"),
     "inf-label": ("d.csv", _bytes(b"a,label\n1,0\n2,inf\n"), "example 1 has label inf"),
     "complex-npz": (

@@ -16,7 +16,16 @@ import time
 import launchers
 import pytest
 import torch
-from test_ddp import SMALL, _alive, _env_ddp, _full_disk, _port, _torchrun, _workers
+from test_ddp import (
+    SMALL,
+    _alive,
+    _env_ddp,
+    _full_disk,
+    _port,
+    _torchrun,
+    _workers,
+    group_starts,
+)
 from test_project import _env, records, render
 from waiting import wait_until
 
@@ -401,11 +410,13 @@ def test_checkpoints_by_the_clock_are_taken_by_every_rank_at_one_step_and_resume
 def test_a_full_disk_on_rank_1_is_named_by_rank_and_reason_with_no_traceback(project):
     """Every rank writes its shards: rank 1's fill the disk. DCP gathers each rank's exception into
     a CheckpointException whose text is one traceback a rank; the line names rank 1 and the disk
-    full instead, rank 0 says it, and the job ends with 1 and that line."""
+    full instead, rank 0 says it, and the job ends with 1 and that line, restarting nothing (3
+    restarts of a disk that stays full before)."""
     fault = {"at": "fsync", "match": ".distcp", "nth": 1, "do": "ENOSPC", "rank": 1}
     done = _full_disk(project, "runs/full", fault)
     output = done.stdout + done.stderr
     assert done.returncode == 1 and "Traceback" not in output, output[-4000:]
+    assert group_starts(done) == 1, output[-4000:]
     # Rank 0 says it, unless the agent's SIGTERM (sent once rank 1 has exited) ends it first;
     # the launcher's last line says it in any case.
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
@@ -415,6 +426,64 @@ def test_a_full_disk_on_rank_1_is_named_by_rank_and_reason_with_no_traceback(pro
     assert reason.startswith("error: cannot write checkpoint runs/full/checkpoints/step-00000010")
     assert reason.endswith(": rank 1: No space left on device"), output[-4000:]
     assert errors in ([], [reason])
+
+
+def test_a_full_disk_inside_torch_save_of_the_state_file_says_so_and_restarts_nothing(project):
+    """Rank 0 writes state.pt with torch.save, whose zip writer turns the failed write into its own
+    RuntimeError: the line was "[enforce fail at inline_container.cc:672] unexpected pos 704 vs
+    598", after a traceback and 3 restarts. It names the checkpoint and the full disk now."""
+    fault = {"at": "binwrite", "match": "state.pt", "nth": 2, "do": "ENOSPC"}
+    done = _full_disk(project, "runs/full-state", fault)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1 and "Traceback" not in output, output[-4000:]
+    assert group_starts(done) == 1, output[-4000:]
+    reason = "error: cannot write checkpoint runs/full-state/checkpoints/step-00000010: No space"
+    assert done.stderr.rstrip().splitlines()[-1] == (
+        f"fsdp_demo: rank 0 ended the job: {reason} left on device"
+    ), output[-4000:]
+    checkpoints = project / "runs" / "full-state" / "checkpoints"
+    assert not list(checkpoints.iterdir())  # nothing half written is left
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "SIGTERM",
+        pytest.param("SIGINT", marks=pytest.mark.slow),
+        pytest.param("SIGUSR1", marks=pytest.mark.slow),
+    ],
+)
+def test_a_stop_signal_to_one_worker_ends_the_job_with_its_status_spending_no_restart(
+    project, two_process_run, name
+):
+    """A stop signal to rank 1 alone, with restarts allowed: every rank stops at the same step with
+    its shards written, and the job exits with 128 plus the signal's number as for one to the
+    launcher. The launcher restarted the group instead, which trained to the end: the job exited 0
+    with a restart spent."""
+    run_dir, signum = f"runs/rank-stopped-{name}", getattr(signal, name)
+    command = _torchrun(project, "train", "--run-dir", run_dir, "--max-steps", "40",
+                        "--batch-size", "16", *SMALL,
+                        extra=("--nnodes", "1", "--max-restarts", "3"))  # fmt: skip
+    launcher = subprocess.Popen(command, cwd=project, env=_env_ddp(project), stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    output = []
+    for line in launcher.stdout:
+        output.append(line)
+        if line.startswith("step 15/"):
+            os.kill(_workers(launcher, PACKAGE)[1], signum)
+    launcher.wait(timeout=120)
+    log = "".join(output)
+    assert launcher.returncode == 128 + signum and "Traceback" not in log, log[-3000:]
+    assert sum(line.startswith("model: ") for line in log.splitlines()) == 1, log[-3000:]
+    stopped = [line for line in log.splitlines() if line.startswith("stopped at step ")]
+    assert len(stopped) == 1 and f"by {name}" in stopped[0], log[-3000:]
+    assert log.rstrip().splitlines()[-1] == stopped[0] and "aborted" not in log, log[-3000:]
+    step = int(stopped[0].split()[3])
+    saved = project / run_dir / "checkpoints" / f"step-{step:08d}"
+    state = torch.load(saved / "state.pt", map_location="cpu", weights_only=True)
+    assert state["state"]["step"] == step and len(state["rng"]) == 2  # both ranks' streams
+    _train(project, run_dir, 40, 16)
+    assert records(project / run_dir) == records(two_process_run)  # bit for bit
 
 
 def test_sigterm_to_the_launcher_ends_the_job_with_143_and_the_resume_is_bit_identical(

@@ -64,3 +64,5 @@ def test_the_plan_holds_every_cuda_primary_the_mfu_run_find_batch_size_ddp_and_f
         assert f"2 processes on one GPU, `train` 200 steps, generation-none-cuda-{mode}" in (
             ran.stdout
         )
+        # fsdp's run is the one with recomputed blocks (issue 41: a lent GPU proves them too)
+        assert command.endswith("--activation-checkpointing 1") == (mode == "fsdp"), command

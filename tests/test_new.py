@@ -143,6 +143,7 @@ def test_messages_name_the_flag_and_the_value(scaffold, tmp_path):
         "error: --grad-accum-steps must be a whole number >= 1, got 0\n"
     )
     assert "'json' would shadow" in scaffold("new", tmp_path / "d", "--name", "json").stderr
+    assert "project name 'проект' must be" in scaffold("new", tmp_path / "проект").stderr  # not \u
 
 
 @pytest.mark.skipif(

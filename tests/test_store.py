@@ -59,6 +59,18 @@ if "RANK" in os.environ:
 """
 # Kills the process as its upload thread builds the manifest of step KILL_AT_MANIFEST: that
 # checkpoint's files and the records are uploaded, its manifest is not.
+# Kills the process as its upload thread prunes the checkpoints older than KILL_AT_PRUNE's: that
+# checkpoint's manifest is written, the older ones are not yet deleted.
+KILL_AT_PRUNE = """
+import os, signal
+from {package}.runtime import store
+_remove_unlisted = store.RunStore._remove_unlisted
+def remove_unlisted(self, manifests):
+    if any(step == int(os.environ["KILL_AT_PRUNE"]) for step, _ in manifests):
+        os.kill(os.getpid(), signal.SIGKILL)
+    return _remove_unlisted(self, manifests)
+store.RunStore._remove_unlisted = remove_unlisted
+"""
 KILL_AT_MANIFEST = """
 import json, os, signal
 _dumps = json.dumps
@@ -174,9 +186,10 @@ def env_for(project: Path, endpoint: str, cache: Path, **extra) -> dict:
 
 
 def train(
-    project, url, cwd, env, stop_at: int | None = None, at=None, args=()
+    project, url, cwd, env, stop_at: int | None = None, signum=signal.SIGKILL, at=None, args=()
 ) -> tuple[int, str, str]:
-    """Trains the run at `url` from `cwd`; with `stop_at`, SIGKILLs it once it printed that step;
+    """Trains the run at `url` from `cwd`; with `stop_at`, SIGKILLs it (its group) once it printed
+    that step, or sends `signum` to it alone, which stops it at its next step with a checkpoint;
     `at` maps steps to calls made with the process once it printed them."""
     command = _command(project, ["train", "--run-dir", url, *SMALL_RUN, *args])
     with subprocess.Popen(
@@ -190,6 +203,10 @@ def train(
                 if line.startswith(f"step {step}/"):
                     call(proc)
             if stop_at is not None and line.startswith(f"step {stop_at}/"):
+                if signum != signal.SIGKILL:
+                    proc.send_signal(signum)
+                    stop_at = None
+                    continue
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
         stdout, stderr = "".join(out) + proc.stdout.read(), proc.stderr.read()
@@ -206,6 +223,12 @@ def stored(endpoint: str, prefix: str) -> dict[str, bytes]:
     listed = client.list_objects_v2(Bucket="runs", Prefix=prefix).get("Contents", [])
     body = {o["Key"]: client.get_object(Bucket="runs", Key=o["Key"])["Body"] for o in listed}
     return {key[len(prefix) + 1 :]: data.read() for key, data in body.items()}
+
+
+def client(endpoint: str):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=endpoint, **s3_keys())
 
 
 def resumed_at(stdout: str) -> int:
@@ -413,6 +436,41 @@ def test_a_second_stop_signal_ends_an_upload_retrying_saying_so(
     assert same_model(files[FINAL], reference / FINAL)
 
 
+# What only looks like a store URL, or a URL where a command takes a local path: each once trained
+# or wrote into a local folder named "s3:" (or "nosuch:"), some exiting 0.
+NOT_A_URL, LOCAL_ONLY = "is not a store URL", "takes a local path here, not a URL"
+NOT_URLS = {
+    "one-slash": (["train", "--run-dir", "s3:/runs/x"], f"s3:/runs/x {NOT_A_URL}"),
+    "no-bucket": (["train", "--run-dir", "s3://"], f"s3:// {NOT_A_URL}"),
+    "empty-bucket": (["train", "--run-dir", "s3:///x"], f"s3:///x {NOT_A_URL}"),
+    "unknown-scheme": (["train", "--run-dir", "nosuch://runs/x"], f"nosuch://runs/x {NOT_A_URL}"),
+    "data-url": (["train", "--data", "s3://runs/d.csv"], f"train {LOCAL_ONLY}"),
+    "read-one-slash": (["diagnose", "runs/a", "s3:/runs/x"], f"s3:/runs/x {NOT_A_URL}"),
+    "since-one-slash": (["report", "runs/a", "--since", "gs:/runs/x"], f"gs:/runs/x {NOT_A_URL}"),
+    "checkpoint-one-slash": (["export", "--checkpoint", "s3:/x/checkpoints/best.pt"], NOT_A_URL),
+    "checkpoint-outside-checkpoints": (
+        ["export", "--checkpoint", "s3://runs/x/best.pt"],
+        "a checkpoint on a store is RUN_URL/checkpoints/NAME",
+    ),
+    "export-out-url": (["export", "--out", "s3://runs/m.pt"], f"export {LOCAL_ONLY}"),
+    "plot-output-url": (["plot", "runs/a", "-o", "s3://runs/c.png"], f"plot {LOCAL_ONLY}"),
+    "predict-url": (["predict", "s3://runs/rows.csv"], f"predict {LOCAL_ONLY}"),
+}
+
+
+@pytest.mark.parametrize("case", list(NOT_URLS))
+def test_a_mistyped_url_or_a_url_for_a_local_path_is_one_line_and_writes_nothing(
+    project, tmp_path, tally, case
+):
+    args, expected = NOT_URLS[case]
+    tally["faults (generated projects)"]["inputs tried"] += 1
+    env = env_for(project, f"http://127.0.0.1:{free_port()}", tmp_path / "cache")
+    done = subprocess.run(_command(project, args), env=env, **READ | {"cwd": tmp_path})
+    assert done.returncode == 2 and done.stderr.startswith("error: "), done.stderr
+    assert len(done.stderr.splitlines()) == 1 and expected in done.stderr, done.stderr
+    assert done.stdout == "" and list(tmp_path.iterdir()) == []  # no "s3:" folder, no cache
+
+
 def test_an_unreachable_store_fails_in_one_line_naming_it(project, tmp_path):
     nowhere = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     env = env_for(project, nowhere, tmp_path / "cache", AWS_MAX_ATTEMPTS="1")
@@ -428,6 +486,100 @@ def test_refused_credentials_fail_in_one_line_naming_the_store(project, tmp_path
         code, _, stderr = train(project, "s3://runs/refused", tmp_path, env)
     assert code == 1 and stderr.startswith("error: ") and len(stderr.splitlines()) == 1, stderr
     assert "s3://runs/refused" in stderr and "Traceback" not in stderr
+
+
+def manifests(files: dict) -> list[str]:
+    return sorted(name for name in files if re.fullmatch(r"checkpoints/step-\d+\.json", name))
+
+
+def test_unreadable_manifests_are_skipped_each_named_and_the_run_resumes_before_them(
+    project, reference, endpoint, tmp_path
+):
+    url, s3 = "s3://runs/torn", client(endpoint)
+    env = env_for(project, endpoint, tmp_path / "cache-1")
+    code, _, _ = train(project, url, project, env, stop_at=45)
+    assert code == -signal.SIGKILL
+    *_, intact, no_files, empty = manifests(stored(endpoint, "torn"))
+    s3.put_object(Bucket="runs", Key=f"torn/{empty}", Body=b"")
+    s3.put_object(Bucket="runs", Key=f"torn/{no_files}", Body=json.dumps({"step": 1}).encode())
+    env = env_for(project, endpoint, tmp_path / "cache-2")
+    checkpoint = f"{url}/{intact.replace('.json', '.pt')}"  # the newest it can read holds it
+    export = [*("export", "--checkpoint", checkpoint, "--out"), tmp_path / "w.pt"]
+    done = subprocess.run(_command(project, export), env=env, **READ)
+    assert done.returncode == 0, done.stderr
+    code, stdout, stderr = train(project, url, tmp_path, env)
+    assert code == 0, stderr
+    assert f"warning: {url}/{empty} is unreadable (JSONDecodeError(" in stderr
+    assert f"warning: {url}/{no_files} is unreadable (KeyError('files'))" in stderr
+    assert resumed_at(stdout) == int(re.search(r"\d+", intact)[0]), stdout
+    files = stored(endpoint, "torn")
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
+
+
+@pytest.mark.parametrize("stop_at", [49, 60])  # stopped at step 50, the best, or at 61, past it
+def test_a_lost_best_object_loses_the_best_model_alone_and_says_so(
+    project, reference, endpoint, tmp_path, stop_at
+):
+    url, prefix = f"s3://runs/best-{stop_at}", f"best-{stop_at}"
+    env = env_for(project, endpoint, tmp_path / "cache-1")
+    code, _, _ = train(project, url, project, env, stop_at=stop_at, signum=signal.SIGTERM)
+    assert code == 128 + signal.SIGTERM
+    for name in stored(endpoint, prefix):  # every manifest lists the one best object
+        if name.startswith("checkpoints/best-"):
+            client(endpoint).delete_object(Bucket="runs", Key=f"{prefix}/{name}")
+    env = env_for(project, endpoint, tmp_path / "cache-2")
+    code, stdout, stderr = train(project, url, tmp_path, env)
+    assert code == 0, stderr
+    assert f"warning: cannot read {url}/checkpoints/best-" in stderr
+    assert resumed_at(stdout) == stop_at + 1, stdout
+    files = stored(endpoint, prefix)
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
+    best = json.loads(files["run.json"])["finished"]["best_checkpoint"]
+    reader = env_for(project, endpoint, tmp_path / "reader")
+    report = subprocess.run(_command(project, ["report", url]), env=reader, **READ)
+    if stop_at == 49:  # the checkpoint resumed is the best's own step
+        assert "the best model (step 50) is made again from its step's checkpoint" in stdout
+        assert best == f"{url}/checkpoints/best.pt" and f"checkpoint {best}" in report.stdout
+        export = [*("export", "--checkpoint", best, "--out"), tmp_path / "w.pt"]
+        done = subprocess.run(_command(project, export), env=reader, **READ)
+        assert done.returncode == 0, done.stderr
+        weights = torch.load(tmp_path / "w.pt", weights_only=True)
+        theirs = torch.load(reference / "checkpoints" / "best.pt", weights_only=True)["model"]
+        assert all(torch.equal(weights[k], theirs[k]) for k in theirs)
+    else:
+        assert "the best model (step 50) is lost until a better validation" in stdout
+        assert stdout.strip().splitlines()[-1].endswith("at step 50; checkpoint lost")
+        assert best is None and "at step 50; checkpoint lost" in report.stdout, report.stdout
+
+
+def test_a_finished_runs_next_start_prunes_what_a_kill_left_and_mends_its_final_checkpoint(
+    project, reference, endpoint, tmp_path
+):
+    url, s3 = "s3://runs/mend", client(endpoint)
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    package = next((project / "src").iterdir()).name
+    (inject / "sitecustomize.py").write_text(KILL_AT_PRUNE.format(package=package))
+    env = env_for(project, endpoint, tmp_path / "cache")
+    killing = {**env, "PYTHONPATH": f"{inject}:{env['PYTHONPATH']}", "KILL_AT_PRUNE": "80"}
+    code, _, _ = train(project, url, project, killing)
+    assert code == -signal.SIGKILL
+    assert len(manifests(stored(endpoint, "mend"))) == 4  # --keep-last 3, and the one a kill left
+    final = stored(endpoint, "mend")[FINAL]
+    s3.put_object(Bucket="runs", Key=f"mend/{FINAL}", Body=final[:1000])  # damaged on the store
+    code, stdout, stderr = train(project, url, project, env)  # the same machine: its copy intact
+    assert code == 0, stderr
+    assert f"warning: {url}/{FINAL} was lost or damaged: uploaded again" in stderr
+    assert f"{url} is complete at step {MAX_STEPS}" in stdout
+    files = stored(endpoint, "mend")
+    assert files[FINAL] == final and manifests(files)[0] == "checkpoints/step-00000060.json"
+    s3.delete_object(Bucket="runs", Key="mend/metrics.jsonl")
+    reader = env_for(project, endpoint, tmp_path / "reader")
+    report = subprocess.run(_command(project, ["report", url]), env=reader, **READ)
+    assert report.returncode == 1, report.stderr
+    assert f"cannot read {url}/metrics.jsonl" in report.stderr
 
 
 @pytest.fixture(scope="module")

@@ -224,6 +224,9 @@ def test_bad_corpora_are_refused_in_one_line_with_nothing_written(project, tmp_p
     lines.write_text('{"text": "ok"}\n{"body": "no text"}\n')
     _one_line_exit_2(prepare(project, "--data", lines, "--out", out), f"{lines}:2", '"text"')
     assert not out.exists() and not list(tmp_path.glob(".out*"))
+    for url in ("s3://data/corpus", "s3:/data/corpus"):  # each once a local folder "s3:"
+        _one_line_exit_2(prepare(project, "--data", bad / "a.txt", "--out", url), url, "local path")
+    assert not (project / "s3:").exists()
 
 
 def test_bpe_without_the_tokenizers_package_is_one_line(project, text, tmp_path):

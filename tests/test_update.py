@@ -10,14 +10,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
+import time
 from pathlib import Path
 
 import pytest
 import yaml
-from conftest import checks_passed, snapshot
+from conftest import REPO, checks_passed, snapshot
 
 from scaffold import update
 from scaffold.errors import ScaffoldError
@@ -25,6 +27,7 @@ from scaffold.git import PRISTINE_BRANCH
 from scaffold.questions import _copier_yml, load_questions, machine_facts, template_dir
 from scaffold.render import new_project
 
+SUITE = "bad input (scaffolder)"  # counted with test_bad_input's interrupts of `scaffold new`
 # Answers pinned so that a GPU machine's defaults do not change what an update changes.
 PINNED = ("--device", "cpu", "--precision", "fp32", "--no-compile", "--grad-accum-steps", "1")
 CONFIG = "src/demo/config.py"
@@ -676,6 +679,47 @@ def test_failed_merge_after_a_move_leaves_the_branch_untouched(moving, in_the_wa
 
 
 # --- (d): refusals that change nothing ----------------------------------------------------
+
+
+def test_ctrl_c_at_any_moment_leaves_the_project_as_it_was_or_updated(scaffold, tmp_path, tally):
+    """A real `scaffold update` stopped by SIGINT at moments across its run: before the merge
+    began, one line, exit 130 and nothing changed; once begun, the merge ends and is reported,
+    exit 0. It printed a KeyboardInterrupt traceback early, and exited -2 after "Updated"."""
+    project = tmp_path / "demo"
+    scaffold("new", project, *PINNED)
+    edit_as_owner(project)
+    before = files_and_refs(project)
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+
+    def update_copy(name: str, stop_after: float | None) -> tuple[Path, int, str, str]:
+        copy = tmp_path / name
+        shutil.copytree(project, copy, symlinks=True)
+        command = [sys.executable, "-m", "scaffold", "update", str(copy), "--precision", "bf16"]
+        with subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) as proc:  # fmt: skip
+            try:
+                proc.wait(timeout=stop_after)
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGINT)
+                tally[SUITE]["interrupts sent"] += 1
+            out, err = proc.communicate(timeout=120)
+        return copy, proc.returncode, out, err
+
+    start = time.monotonic()
+    assert update_copy("whole", None)[1] == 0
+    whole = time.monotonic() - start
+    for k in range(1, 8):  # from the imports to the merge
+        copy, code, out, err = update_copy(f"stopped-{k}", whole * k / 8)
+        assert code in (0, 130) and "Traceback" not in err, (k, code, err)
+        tally[SUITE]["inputs tried"] += 1
+        if code == 130:
+            assert err.startswith("error: interrupted") and len(err.splitlines()) == 1, err
+            assert files_and_refs(copy) == before
+            tally[SUITE]["interrupted updates that changed nothing"] += 1
+        else:
+            assert out.splitlines()[-1].startswith(f"Updated {copy}"), out
+            merged_the_pristine_branch(copy)
+            tally[SUITE]["interrupted updates complete"] += 1
 
 
 def _unstaged(project):

@@ -108,7 +108,10 @@ def read_table(path: Path, types: dict[str, str] | None = None) -> pa.Table:
 def _sniff(path: Path) -> tuple[str, str]:
     """The separator (SEPARATORS' commonest in the header) and decimal point (a comma if 1,5 beats 1.5)."""
     with path.open("rb") as f:
-        head = f.read(1 << 16).decode("utf-8", "replace")
+        head = f.read(1 << 16)
+    if head.startswith((b"\x1f\x8b", b"PK\x03\x04")):  # what pyarrow reads as text, and fails on
+        raise DataError(f"{path}: a compressed file (gzip or zip), not CSV text: decompress it first")
+    head = head.decode("utf-8", "replace")
     sep = max(SEPARATORS, key=re.sub(r'"[^"]*"', "", head.split("\n", 1)[0]).count)
     fields = [field.strip() for field in re.split(f"[{re.escape(sep)}\n]", head)]
     commas, points = (sum(bool(re.fullmatch(rf"-?\d+{p}\d+", f)) for f in fields) for p in (",", r"\."))

@@ -199,7 +199,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         progress = Progress(cfg.max_steps, state.step, loop.examples_per_step(), quiet)
         try:
             summary, saved = run_steps(loop, batches, val_loader, eval_every, progress, signals)
-            summary["best_checkpoint"] = store.name(checkpoints.path / "best.pt")
+            summary["best_checkpoint"] = store.name(checkpoints.best) if checkpoints.best.exists() else None
             run.finish(summary)
         finally:
             progress.close()
@@ -214,6 +214,6 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         stopped = f"stopped at step {state.step} by {summary['stopped_by']}; checkpoint {saved}"
         print(f"{stopped}; run the same command to resume", file=sys.stderr, flush=True)
     elif not summary["stopped_by"]:
-        best = summary["best_checkpoint"]
+        best = summary["best_checkpoint"] or "lost"
         say(f"best val loss {state.best_val_loss:.4f} at step {state.best_step}; checkpoint {best}")
     return summary

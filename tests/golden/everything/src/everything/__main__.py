@@ -16,6 +16,7 @@ Every field of config.Config is an option; `train --help` lists them.
 """
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -38,6 +39,8 @@ from .train import TrainingError, train
 BAD_INPUT = (ConfigError, DataError, DiagnoseError, RunFolderBusy)
 FAILURES = (*BAD_INPUT, CheckpointError, RunDirError, ReportError, StoreError, TrainingError)
 NEWEST = "a checkpoint; default: the newest run's best (under runs/)"
+URL_PATHS = ("run_dir", "run_dirs", "since", "checkpoint")  # paths, by argument name: a URL or local
+LOCAL_PATHS = ("data", "out", "output", "path", "paths", "sheet")  # local only
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,6 +99,20 @@ def run_command(args: argparse.Namespace) -> int:
     return commands[args.command]() or 0  # None from a command that printed its result: success
 
 
+def check_paths(args: argparse.Namespace) -> None:
+    """Refuses, before anything is written, what only looks like a store URL (s3:/x, s3://, an unknown
+    scheme) and a URL where a local path goes: either would become a local folder named "s3:". A new
+    path option joins URL_PATHS or LOCAL_PATHS."""
+    for name in URL_PATHS + LOCAL_PATHS:
+        given = getattr(args, name, None)
+        for path in given if isinstance(given, list) else [given]:
+            looks = re.match(r"[A-Za-z][\w+.-]+:/", str(path))  # a URL's start (C:/ is a drive)
+            if looks and name in LOCAL_PATHS:
+                raise ConfigError(f"{path}: {args.command} takes a local path here, not a URL")
+            if looks and not is_url(path):
+                raise ConfigError(f"{path} is not a store URL (s3://bucket/path, gs://..., file:///folder)")
+
+
 def export_weights(checkpoint: str | None, out: str | None) -> None:
     local = fetch_checkpoint(checkpoint)
     default = Path(checkpoint).name if checkpoint and is_url(checkpoint) else local  # a URL's: written here
@@ -106,6 +123,7 @@ def export_weights(checkpoint: str | None, out: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_paths(args)
         return run_command(args)
     except FAILURES as error:
         report_failure(f"error: {error}")  # rank 0 says it; the launcher names a failed rank

@@ -31,6 +31,7 @@ class CheckpointDir:
         """`main=False` (the other ranks of a multi-process run): reads checkpoints, saves nothing.
         The main one makes the folder and removes what a crash in the middle of a save left."""
         self.path = path
+        self.best = path / "best.pt"
         self.keep_last = keep_last
         self.main = main
         try:
@@ -60,8 +61,8 @@ class CheckpointDir:
 
     def save_best(self, payload: dict) -> Path:
         if self.main:
-            _atomic_save({**payload, "digest": digest(payload)}, self.path / "best.pt")
-        return self.path / "best.pt"
+            _atomic_save({**payload, "digest": digest(payload)}, self.best)
+        return self.best
 
     def load_latest(self) -> tuple[Path, dict] | None:
         """The newest readable step checkpoint; an unreadable newer one is reported and skipped."""
@@ -124,6 +125,9 @@ def load(path: Path) -> dict:
     if payload.pop("digest") != digest(payload):
         raise CheckpointError(f"checkpoint {path} is damaged (its contents do not match its digest)")
     return payload
+
+
+verify = load  # reads it whole: its digest covers every tensor
 
 
 def check_fits(path: Path, saved: dict, current: dict) -> None:

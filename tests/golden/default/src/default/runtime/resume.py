@@ -12,7 +12,7 @@ import torch
 
 from ..config import RESUME_FIXED, Config, ConfigError
 from ..data import Splits
-from .checkpoint import restore
+from .checkpoint import CheckpointError, remove, restore, verify
 from .distributed import all_gather, broadcast_buffers, resharding
 from .engine import PRECISION
 from .records import RunRecordError, read_metrics, read_record
@@ -48,6 +48,7 @@ def restore_run(loop: Loop) -> dict | None:
         state.reshard(saved_world, group.world_size)
         say(f"warning: {note}")
     restore(loop.engine, path, checkpoint)
+    check_best(loop, checkpoint)
     if cfg.max_steps != planned:  # raised: min_lr past the planned horizon; lowered: re-planned
         loop.engine.set_schedule(cfg, state.schedule_steps, state.step)
     if state.step < cfg.max_steps:
@@ -67,6 +68,24 @@ def restore_run(loop: Loop) -> dict | None:
             f" --min-lr {cfg.min_lr:g} (a longer decay wants a new --run-dir)"
         )
     return checkpoint["rng"][group.rank] if group.rank < saved_world else None
+
+
+def check_best(loop: Loop, checkpoint: dict) -> None:
+    """A best.pt missing or damaged at a resume, said: made again from `checkpoint` if that is the best."""
+    state, best, problem = loop.state, loop.checkpoints.best, None
+    if loop.group.is_main and state.best_step:  # 0: no validation yet, so no best
+        try:
+            verify(best)
+        except CheckpointError as error:
+            problem = str(error).replace(str(best), loop.run.store.name(best))  # a store's: its URL
+    if problem := all_gather(problem)[0]:  # rank 0's verdict, on every rank
+        remade = state.best_step == state.step  # the best was saved from this very state
+        if remade:
+            loop.checkpoints.save_best({**loop.engine.state_dict(), **checkpoint})
+        elif loop.group.is_main and best.exists():
+            remove(best)
+        what = "made again from its step's checkpoint" if remade else "lost until a better validation"
+        loop.say(f"warning: {problem}: the best model (step {state.best_step}) is {what}")
 
 
 def payload(loop: Loop) -> dict:

@@ -42,7 +42,10 @@ class StoreError(RuntimeError):
 
 
 def is_url(path: str) -> bool:
-    return "://" in str(path)
+    """scheme://bucket/key (file:///folder) of a scheme fsspec knows; main() refuses what only looks so."""
+    scheme, _, rest = str(path).partition("://")
+    bucket = "/?[^/]" if scheme == "file" else "[^/]"  # file:///folder, file://folder: no bucket
+    return scheme in fsspec.available_protocols() and re.match(bucket, rest) is not None
 
 
 def cache_dir(url: str, kind: str) -> Path:
@@ -78,15 +81,15 @@ class RunStore:
         return f"{self.url}/{path.relative_to(self.local).as_posix()}"
 
     @contextlib.contextmanager
-    def reaching(self, what: str):
-        """Any failure of the store's library (unreachable, refused, missing) as one StoreError."""
+    def reaching(self, what: str, url: str = ""):
+        """Any failure of the store's library (unreachable, refused, missing) as a StoreError naming `url`."""
         try:
             yield
         except StoreError:
             raise
         except Exception as error:  # each store's library raises its own types
             reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
-            raise StoreError(f"cannot {what} {self.url}: {reason}") from None
+            raise StoreError(f"cannot {what} {url or self.url}: {reason}") from None
 
     def pull(self) -> None:
         """Stages the store's run at its newest complete checkpoint (none: empty), cut-off uploads deleted."""
@@ -95,57 +98,80 @@ class RunStore:
         # Before anything here changes: another start of this URL on this machine would delete
         # the checkpoint a running one has written and not yet uploaded. RunLog holds it on.
         self.lock = RunLock(self.local, name=f"{self.url} (staged in {self.local})")
+        kept, problems = {}, []
         with self.reaching("read"):
             self.fs.invalidate_cache()
-            manifests = self.manifests()
+            manifests = self.manifests(problems)
         with self.reaching("write to"):
-            self._remove_unlisted(manifests)
             probe = f"{self.root}/.write-test"
             self.fs.pipe_file(probe, b"ok")  # refused credentials fail here, before training
             self.fs.rm_file(probe)
-        kept, problems = {}, []
-        for _, manifest in reversed(manifests):
+        for at in reversed(range(len(manifests))):
+            steps = {path: entry for path, entry in manifests[at][1]["files"].items() if top(path) != BEST}
             try:
-                self.download_all(manifest["files"], folder)  # and what this machine wrote past it, pruned
-                kept = manifest["files"]
-                break
+                self.download_all(steps, folder, mend=True)
             except StoreError as error:
                 problems.append(str(error))
                 print(f"warning: {error}; trying the previous checkpoint", file=sys.stderr)
+                continue
+            kept = manifests[at][1]["files"]
+            try:  # lost, it loses the best model alone: resume.py says so, or makes it again
+                self.download_all({path: kept[path] for path in kept.keys() - steps.keys()}, folder, True)
+            except StoreError as error:
+                kept = steps
+                print(f"warning: {error}", file=sys.stderr)
+            with self.reaching("write to"):  # what a cut-off upload or pruning left
+                self._remove_unlisted(manifests[max(0, at + 1 - self.keep_last) :])
+            break
         if problems and not kept:
             raise StoreError(f"no usable checkpoint in {self.url}: {'; '.join(problems)}")
-        if not kept:
-            _prune(folder, ())  # a new run: nothing of this machine's earlier one stays
+        prune(folder, kept)  # what this machine wrote past it (a new run: all of it)
         for name in RECORDS:
             (self.local / name).unlink(missing_ok=True)
-            if kept:
-                with self.reaching("read"):
+            with self.reaching("read", f"{self.url}/{name}"), contextlib.suppress(FileNotFoundError):
+                if kept:  # missing: RunLog says so
                     self.fs.get_file(f"{self.root}/{name}", str(self.local / name))
 
-    def manifests(self) -> list[tuple[int, dict]]:
-        """The complete checkpoints' manifests, oldest first."""
+    def manifests(self, problems: list[str] | None = None) -> list[tuple[int, dict]]:
+        """The complete checkpoints' manifests, oldest first; an unreadable one is said (and added to
+        `problems`) and skipped."""
         try:
             paths = self.fs.ls(f"{self.root}/checkpoints", detail=False)
         except FileNotFoundError:
             return []
-        steps = sorted((int(m.group(1)), p) for p in paths if (m := MANIFEST.fullmatch(p.rsplit("/", 1)[-1])))
-        return [(step, json.loads(self.fs.cat_file(path))) for step, path in steps]
+        found, problems = [], [] if problems is None else problems
+        names = {int(m[1]): m[0] for path in paths if (m := MANIFEST.fullmatch(path.rpartition("/")[2]))}
+        for step, name in sorted(names.items()):
+            try:
+                manifest = json.loads(self.fs.cat_file(f"{self.root}/checkpoints/{name}"))
+                if not all({"stored", "size", "sha256"} <= e.keys() for e in manifest["files"].values()):
+                    raise KeyError("a file's stored, size or sha256")
+                found.append((step, manifest))
+            except (ValueError, LookupError, TypeError, AttributeError) as error:  # torn, emptied, edited
+                problems.append(f"{self.url}/checkpoints/{name} is unreadable ({error!r})")
+                print(f"warning: {problems[-1]}; skipped", file=sys.stderr)
+        return found
 
-    def download_all(self, files: dict, folder: Path) -> None:
-        """A manifest's `files` into `folder` (one there with its digest kept), nothing else left there."""
+    def download_all(self, files: dict, folder: Path, mend: bool = False) -> None:
+        """A manifest's `files` into `folder`, one there with its digest kept (with `mend`, uploaded
+        again where the store lost or damaged it: not its size)."""
         for path, entry in files.items():
-            target = folder / path
+            target, url = folder / path, f"{self.url}/checkpoints/{entry['stored']}"
+            stored = f"{self.root}/checkpoints/{entry['stored']}"
             if target.is_file() and file_digest(target) == entry["sha256"]:
+                with self.reaching("upload to", url):
+                    if mend and (not self.fs.exists(stored) or self.fs.size(stored) != entry["size"]):
+                        self.fs.put_file(str(target), stored)
+                        print(f"warning: {url} was lost or damaged: uploaded again", file=sys.stderr)
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
             tmp = target.with_name(f".{target.name}.download")
-            with self.reaching("read"):
-                self.fs.get_file(f"{self.root}/checkpoints/{entry['stored']}", str(tmp))
+            with self.reaching("read", url):
+                self.fs.get_file(stored, str(tmp))
             if file_digest(tmp) != entry["sha256"]:
                 tmp.unlink()
-                raise StoreError(f"{self.url}/checkpoints/{entry['stored']} is damaged (not its digest)")
+                raise StoreError(f"{url} is damaged (not its digest)")
             os.replace(tmp, target)
-        _prune(folder, files.keys())
 
     def push(self, step: int) -> None:
         """Uploads the checkpoint of `step`, just written, and the records in the background. The
@@ -172,8 +198,7 @@ class RunStore:
         self._pending = self._uploads.submit(self._retried, step, aside, paths, records)
 
     def _retried(self, step: int, aside: Path, paths: list[str], records: dict[str, bytes]) -> None:
-        """_upload() while the store is away and `step` is the newest checkpoint pushed: 1 s apart, then
-        as far apart as the store has been away (30 s at most); given up once that is retry_s."""
+        """_upload(), retried while the store is away (1 s apart, doubling to 30 s) for retry_s at most."""
         while step == self._newest:
             try:
                 self._upload(step, aside, paths, records)
@@ -209,18 +234,17 @@ class RunStore:
                 self.fs.pipe_file(f"{self.root}/{name}", data)
             manifest = json.dumps({"step": step, "files": files}, indent=2).encode()
             self.fs.pipe_file(f"{self.root}/checkpoints/step-{step:08d}.json", manifest)  # now visible
-            manifests = self.manifests()
-            for old, _ in manifests[: -self.keep_last]:
-                self.fs.rm_file(f"{self.root}/checkpoints/step-{old:08d}.json")  # before its files
-            self._remove_unlisted(manifests[-self.keep_last :])
+            self._remove_unlisted(self.manifests()[-self.keep_last :])
         shutil.rmtree(aside, ignore_errors=True)
 
     def _remove_unlisted(self, manifests: list[tuple[int, dict]]) -> None:
-        """Deletes stored files no manifest lists: a cut-off upload's (a stored name is one checkpoint's)."""
+        """Deletes stored files no manifest in `manifests` lists (a stored name is one checkpoint's):
+        older checkpoints, a cut-off upload's; manifests first, so none is left without its files."""
         listed = {top(entry["stored"]) for _, manifest in manifests for entry in manifest["files"].values()}
         listed |= {f"step-{step:08d}.json" for step, _ in manifests}
         with contextlib.suppress(FileNotFoundError):
-            for path in self.fs.ls(f"{self.root}/checkpoints", detail=False):
+            paths = self.fs.ls(f"{self.root}/checkpoints", detail=False)
+            for path in sorted(paths, key=lambda path: not path.endswith(".json")):
                 if path.rstrip("/").rsplit("/", 1)[-1] not in listed:
                     self.fs.rm(path, recursive=True)
 
@@ -260,7 +284,7 @@ def _files(folder: Path, name: str) -> list[str]:
     return sorted(path.relative_to(folder).as_posix() for path in found if path.is_file())
 
 
-def _prune(folder: Path, keep) -> None:
+def prune(folder: Path, keep) -> None:
     """Deletes what `folder` holds beyond the files `keep` names by their paths in it."""
     for path in sorted(folder.rglob("*"), reverse=True):  # a folder's contents before the folder
         if path.is_dir():

@@ -48,7 +48,7 @@ def issues_fixed(before: Run, found_before: list[Finding], after: Run, found_aft
     still = {f.name for f in found_after}
     fix = config_change(before, after)
     return [
-        f"**Issues fixed:** {f.name} in {before.dir} -> {f.evidence} -> {fix} (gone in {after.dir})"
+        f"**Issues fixed:** {f.name} in {before.name} -> {f.evidence} -> {fix} (gone in {after.name})"
         for f in found_before
         if f.name not in still
     ]
@@ -58,9 +58,9 @@ def unfinished(run: Run) -> str | None:
     """Why `run` did not run its course (it has not finished, or a signal stopped it), or None."""
     finished = run.record.get("finished")
     if not finished:
-        return f"{run.dir} has not finished"
+        return f"{run.name} has not finished"
     if finished.get("stopped_by"):
-        return f"{run.dir} was stopped by {finished['stopped_by']} at step {finished.get('step', '?')}"
+        return f"{run.name} was stopped by {finished['stopped_by']} at step {finished.get('step', '?')}"
     return None
 
 
@@ -70,15 +70,15 @@ def run_diagnose(run_dirs: list[str], as_json: bool = False) -> int:
     found = [diagnose(run) for run in runs]
     lines, report = [], {"runs": [], "fixed": [], "new": []}
     for run, findings in zip(runs, found, strict=True):
-        lines.append(f"{run.dir}: {len(findings)} finding{'s' * (len(findings) != 1)}")
+        lines.append(f"{run.name}: {len(findings)} finding{'s' * (len(findings) != 1)}")
         lines += [f"  {f.line()}" for f in findings]
-        report["runs"].append({"run_dir": str(run.dir), "findings": [vars(f) for f in findings]})
+        report["runs"].append({"run_dir": run.name, "findings": [vars(f) for f in findings]})
     for i in range(1, len(runs)):
         (a, fa), (b, fb) = (runs[i - 1], found[i - 1]), (runs[i], found[i])
         names_a, names_b = {f.name for f in fa}, {f.name for f in fb}
         if new := sorted(names_b - names_a):
-            lines.append(f"{b.dir} shows what {a.dir} does not: {', '.join(new)}")
-        report["new"] += [{"run_dir": str(b.dir), "since": str(a.dir), "name": n} for n in new]
+            lines.append(f"{b.name} shows what {a.name} does not: {', '.join(new)}")
+        report["new"] += [{"run_dir": b.name, "since": a.name, "name": n} for n in new]
         gone = [f for f in fa if f.name not in names_b]
         fixed = issues_fixed(a, fa, b, fb)  # a line for each of `gone`, none from an unfinished run
         lines += fixed
@@ -86,8 +86,8 @@ def run_diagnose(run_dirs: list[str], as_json: bool = False) -> int:
             lines.append(f"{', '.join(sorted(f.name for f in gone))} not shown, but not fixed: {why}")
         if fixed:
             report["fixed"] += [
-                {"run_dir": str(b.dir), "since": str(a.dir), "name": f.name, "line": line}
+                {"run_dir": b.name, "since": a.name, "name": f.name, "line": line}
                 for f, line in zip(gone, fixed, strict=True)
             ]
-    print(json.dumps(report, indent=2) if as_json else "\n".join(lines))
+    print(json.dumps(report, indent=2, ensure_ascii=False) if as_json else "\n".join(lines))  # ü, not \u00fc
     return 1 if any(found) else 0

@@ -46,6 +46,7 @@ class CheckpointDir:
 
     def __init__(self, path: Path, keep_last: int, main: bool = True) -> None:
         self.path = path
+        self.best = path / "best"
         self.keep_last = keep_last
         self.main = main
         if main:
@@ -58,8 +59,8 @@ class CheckpointDir:
         try:
             self.path.mkdir(parents=True, exist_ok=True)
             old_best = self.path / ".best.old.tmp"
-            if old_best.is_dir() and not (self.path / "best").exists():
-                os.replace(old_best, self.path / "best")
+            if old_best.is_dir() and not self.best.exists():
+                os.replace(old_best, self.best)
             for stale in self.path.glob(".*.tmp"):
                 shutil.rmtree(stale) if stale.is_dir() else stale.unlink()
         except OSError as error:
@@ -82,9 +83,8 @@ class CheckpointDir:
         return target
 
     def save_best(self, payload: dict) -> Path:
-        target = self.path / "best"
-        _save_sharded(payload, target, self.main)
-        return target
+        _save_sharded(payload, self.best, self.main)
+        return self.best
 
     def load_latest(self) -> tuple[Path, dict] | None:
         """The newest intact step checkpoint and its state.pt; a damaged newer one is reported and
@@ -152,13 +152,7 @@ def load_shards(path: Path, into: dict) -> dict:
 def load(path: Path) -> dict:
     """A checkpoint's contents on this one process, verified: the model's weights whole (as a
     plain model's state_dict()), the optimizer's tensors by their flat names, and state.pt's."""
-    path = Path(path)
-    if not path.exists():
-        raise CheckpointError(f"checkpoint {path} does not exist")
-    if not path.is_dir():
-        raise CheckpointError(f"checkpoint {path} is not a checkpoint folder of this project")
-    state = _read_state(path)
-    _verify(path, state["files"], share=slice(None))
+    state = verify(path)
     metadata = FileSystemReader(path).read_metadata().state_dict_metadata
     tensors = {
         key: torch.empty(meta.size, dtype=meta.properties.dtype)
@@ -174,6 +168,18 @@ def load(path: Path) -> dict:
     model = {key.removeprefix("model."): t for key, t in tensors.items() if key.startswith("model.")}
     optimizer = {key: t for key, t in tensors.items() if key.startswith("optimizer.")}
     return {**state, "model": model, "optimizer": optimizer}
+
+
+def verify(path: Path) -> dict:
+    """The state.pt of the checkpoint folder at `path`, each of its files checked against its digest."""
+    path = Path(path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint {path} is not a checkpoint folder of this project")
+    state = _read_state(path)
+    _verify(path, state["files"], share=slice(None))
+    return state
 
 
 def _read_state(path: Path) -> dict:
@@ -277,8 +283,8 @@ def _save_sharded(payload: dict, target: Path, main: bool) -> None:
     except BaseException as error:  # the previous checkpoint stays; the temporary folder goes
         if main:
             shutil.rmtree(tmp, ignore_errors=True)
-        if isinstance(error, OSError):
-            raise CheckpointError(f"cannot write checkpoint {target}: {error.strerror}") from None
+        if (cause := _failed_write(error)) is not None:
+            raise CheckpointError(f"cannot write checkpoint {target}: {cause.strerror}") from None
         if isinstance(error, dcp.api.CheckpointException):  # a rank's write failed: every rank raises
             raise CheckpointError(f"cannot write checkpoint {target}: {_first_failure(error)}") from None
         raise
@@ -323,6 +329,15 @@ def _write_file(payload: dict, target: Path) -> None:
     except BaseException as error:
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
-        if isinstance(error, OSError):
-            raise CheckpointError(f"cannot write {target}: {error.strerror}") from None
+        if (cause := _failed_write(error)) is not None:
+            raise CheckpointError(f"cannot write {target}: {cause.strerror}") from None
         raise
+
+
+def _failed_write(error: BaseException | None) -> OSError | None:
+    """The system's error behind a failed write (a full disk): `error`, or the one it was raised
+    in place of (torch's zip writer's "[enforce fail at inline_container.cc] unexpected pos",
+    _write_file's CheckpointError)."""
+    while error is not None and not isinstance(error, OSError):
+        error = error.__context__
+    return error

@@ -14,6 +14,7 @@ writes run.json and metrics.jsonl; every rank writes its shards of each checkpoi
 
 import contextlib
 import ctypes
+import errno
 import json
 import os
 import secrets
@@ -82,22 +83,43 @@ PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h): a signal for when the pa
 
 
 def stop_with_launcher() -> None:
-    """Has Linux send this worker SIGTERM when torchrun, its parent, dies by any signal (a kill -9
-    of the launch script too): it then stops as on a stop signal, with a checkpoint, rather than
-    train on alone in the session torchrun gave it, holding the run folder. Not on other systems."""
+    """Has Linux send this worker SIGHUP when torchrun, its parent, dies by any signal (a kill -9
+    of the launch script too): it then stops as on SIGTERM, with a checkpoint, rather than train on
+    alone in the session torchrun gave it, holding the run folder. Not on other systems."""
     if sys.platform != "linux":
         return
     launcher = os.getppid()
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    signal.signal(signal.SIGHUP, _launcher_ended)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGHUP)
     if os.getppid() != launcher:  # it died before the request was made
-        os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGHUP)
+
+
+def _launcher_ended(signum: int, frame) -> None:
+    """Stops this worker as SIGTERM does, once: Linux sends the signal again each time the dying
+    launcher's thread that is its parent ends and another takes its place (twice in 3 kills of a
+    process of 9 threads), and a second SIGTERM would abort the stop."""
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    if is_main_process():
+        print("the launcher ended: stopping after this step", file=sys.stderr, flush=True)
+    signal.raise_signal(signal.SIGTERM)
+
+
+# What a restart would meet again, as a failure's line says it: a full disk (or quota), a read-only one.
+LASTING = tuple(os.strerror(code) for code in (errno.ENOSPC, errno.EDQUOT, errno.EROFS))
 
 
 def tell_launcher(line: str, lost_a_rank: bool = False) -> None:
     """Leaves this worker's last line where torchrun's agent reads it when the worker exits
-    (TORCHELASTIC_ERROR_FILE): the launcher (runtime/launch.py) names it when the job ends."""
+    (TORCHELASTIC_ERROR_FILE): the launcher (runtime/launch.py) names it when the job ends, and
+    restarts no worker for a `lasting` failure, one the line says a restart would meet again."""
     if path := os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        record = {"message": line, "timestamp": int(time.time()), "lost_a_rank": lost_a_rank}
+        record = {
+            "message": line,
+            "timestamp": int(time.time()),
+            "lost_a_rank": lost_a_rank,
+            "lasting": any(reason in line for reason in LASTING),
+        }
         Path(path).write_text(json.dumps(record), encoding="utf-8")
 
 

@@ -4,8 +4,9 @@ store's newest checkpoint pulled into the staging folder first, or fetched for t
 import sys
 from pathlib import Path
 
+from ..config import ConfigError
 from .distributed import Dist, stage_run
-from .store import RECORDS, RunStore, StoreError, cache_dir, is_url, top
+from .store import RECORDS, RunStore, StoreError, cache_dir, is_url, prune, top
 
 
 class RunDirError(RuntimeError):
@@ -39,9 +40,9 @@ def fetch_run(run_dir: str | None) -> str:
     store = RunStore(run_dir)
     local = cache_dir(store.url, "reads")
     local.mkdir(parents=True, exist_ok=True)
-    with store.reaching("read"):
-        for name in RECORDS:
-            (local / name).unlink(missing_ok=True)  # no earlier copy read if this one fails
+    for name in RECORDS:
+        (local / name).unlink(missing_ok=True)  # no earlier copy read if this one fails
+        with store.reaching("read", f"{store.url}/{name}"):
             store.fs.get_file(f"{store.root}/{name}", str(local / name))
     return str(local)
 
@@ -53,6 +54,8 @@ def fetch_checkpoint(path: str | None) -> str:
     if not is_url(path):
         return path
     run_url, _, name = path.rstrip("/").rpartition("/checkpoints/")
+    if not run_url:
+        raise ConfigError(f"{path}: a checkpoint on a store is RUN_URL/checkpoints/NAME")
     store = RunStore(run_url)
     local = cache_dir(path.rstrip("/"), "reads") / "checkpoints"  # this checkpoint's alone
     with store.reaching("read"):
@@ -60,6 +63,8 @@ def fetch_checkpoint(path: str | None) -> str:
             files = {file: entry for file, entry in manifest["files"].items() if top(file) == name}
             if files:
                 store.download_all(files, local)
+                prune(local, files)
+                print(f"reading {path} (its copy here: {local / name})", file=sys.stderr)
                 return str(local / name)
     raise StoreError(f"{path}: no complete checkpoint in {run_url} holds {name}")
 

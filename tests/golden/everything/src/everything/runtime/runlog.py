@@ -114,7 +114,7 @@ class RunLog:
             data = self.metrics_path.read_bytes()
         except FileNotFoundError:
             lost = f"the records up to step {step} are lost"
-            print(f"warning: {self.metrics_path} is missing: {lost}", file=sys.stderr)
+            print(f"warning: {self.store.name(self.metrics_path)} is missing: {lost}", file=sys.stderr)
             data = b""
         except OSError as error:
             raise RunDirError(f"cannot read {self.metrics_path}: {error.strerror}") from None

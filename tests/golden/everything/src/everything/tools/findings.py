@@ -66,6 +66,11 @@ class Run:
     def config(self) -> dict:
         return self.record.get("config", {})
 
+    @property
+    def name(self) -> str:  # a store's URL (its records were copied to `dir`), or the folder
+        url = str(self.config.get("run_dir", "")).rstrip("/")
+        return url if "://" in url else str(self.dir)
+
 
 def load_run(run_dir: str) -> Run:
     path = Path(run_dir)

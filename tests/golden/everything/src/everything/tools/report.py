@@ -62,7 +62,7 @@ def report(run_dir: str, since: str | None = None) -> str:
         raise ReportError(str(error)) from None
     record = run.record
     lines = [
-        f"**Run:** {record['project']} commit {commit_label(record['git'])}, config {run.dir / 'run.json'}, "
+        f"**Run:** {record['project']} commit {commit_label(record['git'])}, config {run.name}/run.json, "
         f"seed {record['seed']}, torch {record['versions']['torch']}"
     ]
     if run.summary is not None:
@@ -81,8 +81,12 @@ def report(run_dir: str, since: str | None = None) -> str:
     if run.val:
         best = min(run.val, key=lambda r: r["loss"])
         shown = ", ".join(f"{k} {v:.4g}" for k, v in best.items() if k not in ("step", "split"))
-        best_checkpoint = run.dir / "checkpoints" / "best"
-        lines.append(f"**Results:** best val {shown} at step {best['step']}; checkpoint {best_checkpoint}")
+        where = run.dir / "checkpoints" / "best"
+        if "://" in run.name:  # as the run's end found it on the store (not finished: not known)
+            where = (finished or {}).get("best_checkpoint", f"{run.name}/checkpoints/best")
+        elif not where.exists():
+            where = None
+        lines.append(f"**Results:** best val {shown} at step {best['step']}; checkpoint {where or 'lost'}")
     else:
         lines.append("**Results:** no validation yet")
     return "\n".join(lines + issues(run, before))
@@ -96,5 +100,5 @@ def issues(after: Run, before: Run | None) -> list[str]:
         fixed = issues_fixed(before, diagnose(before), after, found)  # none from an unfinished run
         if not fixed and (why := unfinished(after)):
             fixed = [f"**Issues fixed:** not judged: {why}; compare a run that ran its course"]
-        lines += fixed or [f"**Issues fixed:** none since {before.dir}"]
+        lines += fixed or [f"**Issues fixed:** none since {before.name}"]
     return lines
