@@ -1,8 +1,9 @@
 """A generated project's run on an object store (`--run-dir s3://...`), against a real S3-compatible
 server (moto's, started here on localhost): a run killed mid-way and resumed on a "fresh machine"
 (its cache deleted, another working folder) ends bit for bit as an uninterrupted one; a kill
-between a checkpoint's files and its manifest leaves the previous checkpoint in use; an
-unreachable store or refused credentials fail in one line naming the URL.
+between a checkpoint's files and its manifest leaves the previous checkpoint in use; an outage
+(a proxy stopped and started) is ridden out, or stops the run in one line once it outlasts the
+retries; an unreachable store or refused credentials fail in one line naming the URL.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -107,6 +109,42 @@ def moto_server(**env):
         server.wait()
 
 
+class Proxy:
+    """A TCP proxy on localhost to `port`; stop() cuts its connections and refuses new ones until
+    start()."""
+
+    def __init__(self, port: int) -> None:
+        self.target, self.port, self.open = port, free_port(), []
+        self.start()
+
+    def start(self) -> None:
+        self.server = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, args=(self.server,), daemon=True).start()
+
+    def stop(self) -> None:
+        for sock in [self.server, *self.open]:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked on it
+            sock.close()
+        self.open = []
+
+    def _accept(self, server: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client = server.accept()[0]
+                upstream = socket.create_connection(("127.0.0.1", self.target))
+                self.open += [client, upstream]
+                for a, b in ((client, upstream), (upstream, client)):
+                    threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := a.recv(1 << 16):
+                b.sendall(data)
+            b.shutdown(socket.SHUT_WR)
+
+
 @pytest.fixture(scope="module")
 def endpoint():
     with moto_server() as url:
@@ -148,11 +186,12 @@ def env_for(project: Path, endpoint: str, cache: Path, **extra) -> dict:
 
 
 def train(
-    project, url, cwd, env, stop_at: int | None = None, signum=signal.SIGKILL
+    project, url, cwd, env, stop_at: int | None = None, signum=signal.SIGKILL, at=None, args=()
 ) -> tuple[int, str, str]:
     """Trains the run at `url` from `cwd`; with `stop_at`, SIGKILLs it (its group) once it printed
-    that step, or sends `signum` to it alone, which stops it at its next step with a checkpoint."""
-    command = _command(project, ["train", "--run-dir", url, *SMALL_RUN])
+    that step, or sends `signum` to it alone, which stops it at its next step with a checkpoint;
+    `at` maps steps to calls made with the process once it printed them."""
+    command = _command(project, ["train", "--run-dir", url, *SMALL_RUN, *args])
     with subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
@@ -160,6 +199,9 @@ def train(
         out = []
         for line in proc.stdout:
             out.append(line)
+            for step, call in (at or {}).items():
+                if line.startswith(f"step {step}/"):
+                    call(proc)
             if stop_at is not None and line.startswith(f"step {stop_at}/"):
                 if signum != signal.SIGKILL:
                     proc.send_signal(signum)
@@ -300,6 +342,98 @@ def test_a_second_start_of_a_url_on_one_machine_is_refused_before_it_touches_the
     assert "Traceback" not in second.stderr
     assert first.returncode == 0, stderr
     assert stored(endpoint, "twice")["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+
+
+def outage(endpoint: str, project: Path, cache: Path, **extra) -> tuple[Proxy, dict]:
+    """A proxy to the store, to stop and start, and the environment of a run that uses it."""
+    proxy = Proxy(int(endpoint.rsplit(":", 1)[1]))
+    return proxy, env_for(project, f"http://127.0.0.1:{proxy.port}", cache, **extra)
+
+
+def test_an_outage_of_13_s_is_ridden_out_as_training_goes_on(
+    project, reference, endpoint, tmp_path
+):
+    proxy, env = outage(endpoint, project, tmp_path / "cache")
+    back = {}
+
+    def away(proc):
+        proxy.stop()
+        threading.Timer(
+            13, lambda: (back.setdefault("at", time.monotonic()), proxy.start())
+        ).start()
+
+    def last_step(proc):
+        back.setdefault("last step", time.monotonic())
+
+    code, _, stderr = train(
+        project, "s3://runs/outage", project, env, at={25: away, MAX_STEPS: last_step}
+    )
+    assert code == 0, stderr
+    assert "; retrying for 300 s" in stderr and "Traceback" not in stderr  # it met the outage
+    assert back["last step"] < back["at"]  # the loop trained on; the run's end waited for the store
+    files = stored(endpoint, "outage")
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
+    assert "checkpoints/step-00000080.json" in files
+
+
+def test_an_outage_past_the_retries_stops_the_run_at_a_checkpoint_in_one_line_losing_nothing(
+    project, reference, endpoint, tmp_path
+):
+    proxy, env = outage(endpoint, project, tmp_path / "cache")
+    url, fast = "s3://runs/gone", {**env, "AWS_MAX_ATTEMPTS": "1"}  # each try fails at once
+    retry = ("--upload-retry-minutes", "0.02")  # 1.2 s
+    code, stdout, stderr = train(
+        project, url, project, fast, at={25: lambda _: proxy.stop()}, args=retry
+    )
+    warning, last = stderr.strip().splitlines()
+    assert warning.startswith("warning: cannot upload to s3://runs/gone: ") and warning.endswith(
+        "retrying for 1 s"
+    )
+    stopped = re.fullmatch(
+        r"error: cannot upload to s3://runs/gone: Could not connect to the endpoint URL: \S+; "
+        r"retried for \d s; not stored from step (\d+) on: run the same command once it is back",
+        last,
+    )
+    assert code == 1 and stopped, stderr
+    steps = [int(n) for n in re.findall(r"^step (\d+)/", stdout, re.MULTILINE)]
+    assert steps[-1] % 10 == 0, stdout  # it stopped at a checkpoint
+    proxy.start()
+    code, stdout, stderr = train(project, url, project, env)
+    assert code == 0, stderr
+    assert 0 < resumed_at(stdout) < int(stopped[1]), stdout
+    files = stored(endpoint, "gone")
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
+
+
+def test_a_second_stop_signal_ends_an_upload_retrying_saying_so(
+    project, reference, endpoint, tmp_path
+):
+    proxy, env = outage(endpoint, project, tmp_path / "cache", AWS_MAX_ATTEMPTS="1")
+    url, retry = "s3://runs/abort", ("--upload-retry-minutes", "1")
+
+    def stop(
+        proc,
+    ):  # the first signal ends the loop at a checkpoint, and the run waits for the store
+        os.kill(proc.pid, signal.SIGTERM)
+        threading.Timer(3, os.kill, (proc.pid, signal.SIGTERM)).start()
+
+    at = {25: lambda _: proxy.stop(), 30: stop}
+    started = time.monotonic()
+    code, stdout, stderr = train(project, url, project, env, at=at, args=retry)
+    assert code == 128 + signal.SIGTERM and time.monotonic() - started < 30, stderr
+    *_, warning, aborted = stderr.strip().splitlines()
+    step = re.fullmatch(rf"warning: step (\d+) is not on {url}: its upload was cut short", warning)
+    assert step and int(step[1]) in (30, 31), stderr
+    assert aborted.startswith("aborted by a second SIGTERM: ") and "Traceback" not in stderr
+    proxy.start()
+    code, stdout, stderr = train(project, url, project, env)
+    assert code == 0, stderr
+    assert 0 < resumed_at(stdout) <= 20, stdout
+    files = stored(endpoint, "abort")
+    assert files["metrics.jsonl"] == (reference / "metrics.jsonl").read_bytes()
+    assert same_model(files[FINAL], reference / FINAL)
 
 
 # What only looks like a store URL, or a URL where a command takes a local path: each once trained

@@ -175,7 +175,7 @@ def train(cfg: Config, quiet: bool = False) -> dict:
         say = (lambda message: None) if quiet else tqdm.write  # tqdm.write prints above a progress bar
         splits = load_splits(cfg)
         engine = Engine(cfg, splits, device)
-        store = open_run(cfg.run_dir, cfg.keep_last, group)  # a URL: staged here, pulled
+        store = open_run(cfg.run_dir, cfg.keep_last, group, cfg.upload_retry_minutes)  # a URL: staged, pulled
         check_checkpoints_kept(store.local)
         run = distributed.main_only(lambda: RunLog(store))  # rank 0 alone writes the records
         checkpoints = CheckpointDir(store.local / "checkpoints", cfg.keep_last, main=group.is_main)
@@ -203,12 +203,12 @@ def train(cfg: Config, quiet: bool = False) -> dict:
             run.finish(summary)
         finally:
             progress.close()
-            run.close()
-            # Loader workers ignore stop signals, so at exit they must be ended here, by their loaders.
+            # Loader workers ignore stop signals: ended here by their loaders, first (run.close() may fail).
             batches.close()
             close(train_loader)
             close(val_loader)
             del batches, train_loader, val_loader
+            run.close()
     if summary["stopped_by"] and not quiet:
         saved = saved and store.name(saved)  # a URL's, not the staging folder's
         stopped = f"stopped at step {state.step} by {summary['stopped_by']}; checkpoint {saved}"

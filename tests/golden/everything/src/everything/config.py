@@ -62,6 +62,7 @@ class Config:
     ckpt_every: int = 500  # steps between checkpoints
     ckpt_minutes: float = 5.0  # minutes between checkpoints at most: a kill loses no more; 0: steps alone
     keep_last: int = 3  # step checkpoints kept; best is kept besides them
+    upload_retry_minutes: float = 5.0  # a URL --run-dir whose store is away this long stops at a checkpoint
     tracking_uri: str | None = None  # an MLflow server or database; None: a file store in run_dir/mlruns
     seed: int = fixed(0)  # seeds Python, NumPy and torch; with the epoch, fixes the sample order
     device: str = "cuda"  # where training runs (--device overrides it: --device cpu runs anywhere)
@@ -75,7 +76,8 @@ class Config:
         counts = "num_workers patience warmup_steps max_train_examples eval_every activation_checkpointing"
         for name in counts.split():
             _require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
-        _require(self.ckpt_minutes >= 0, f"ckpt_minutes must be >= 0, got {self.ckpt_minutes}")
+        for name in ("ckpt_minutes", "upload_retry_minutes"):
+            _require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
         _require(0 < self.val_fraction < 1, f"val_fraction must be in (0, 1), got {self.val_fraction}")
         _require(0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}")
         _require(self.input_noise >= 0, f"input_noise must be >= 0, got {self.input_noise}")

@@ -13,11 +13,11 @@ class RunDirError(RuntimeError):
     """The run folder cannot be written, or there is no run to read."""
 
 
-def open_run(run_dir: str, keep_last: int, group: Dist) -> "LocalRun | RunStore":
+def open_run(run_dir: str, keep_last: int, group: Dist, retry_minutes: float) -> "LocalRun | RunStore":
     """--run-dir's run: a local folder as it is, or a URL staged here and pulled from its store."""
     if not is_url(run_dir):
         return LocalRun(Path(run_dir))
-    store = RunStore(run_dir, keep_last)
+    store = RunStore(run_dir, keep_last, retry_minutes)
     stage_run(store, group)  # by the processes the distributed strategy names
     return store
 

@@ -9,8 +9,9 @@ records, after deleting what a cut-off upload left. So a run whose machine was l
     pip install -e ".[s3]"  # or ".[gcs]"; credentials and endpoint from the store's usual environment
     python -m everything train --run-dir s3://bucket/runs/exp1
 
-The final save, a stop signal and an error wait for the upload in flight. One machine writes a URL
-at a time: the run folder's lock holds on the staging folder only.
+The final save, a stop signal and an error wait for the upload in flight, retried as training goes on
+while the store is away (--upload-retry-minutes at most). One machine writes a URL at a time: the run
+folder's lock holds on the staging folder only.
 """
 
 import contextlib
@@ -20,7 +21,9 @@ import os
 import re
 import shutil
 import sys
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import fsspec
@@ -59,7 +62,7 @@ def staging_dir(run_dir: str) -> Path:
 class RunStore:
     """A run on a store, staged in `local`; push() uploads a checkpoint in the background."""
 
-    def __init__(self, url: str, keep_last: int = 1) -> None:
+    def __init__(self, url: str, keep_last: int = 1, retry_minutes: float = 0) -> None:
         self.url = url.rstrip("/")
         self.local = staging_dir(self.url)
         self.keep_last = keep_last
@@ -68,6 +71,9 @@ class RunStore:
             self.fs, self.root = fsspec.core.url_to_fs(self.url, **options)
         self._uploads = ThreadPoolExecutor(max_workers=1, thread_name_prefix="upload")
         self._pending: Future | None = None
+        self._newest: int | None = 0  # the newest checkpoint pushed: one older gives way (None: all do)
+        self._wake = threading.Event()  # a push: cuts a wait between tries short
+        self.retry_s, self._away = retry_minutes * 60, None  # since when the store has been away, if it is
         self.lock: RunLock | None = None  # taken by pull(), on the staging folder
 
     def name(self, path: Path) -> str:
@@ -170,9 +176,16 @@ class RunStore:
     def push(self, step: int) -> None:
         """Uploads the checkpoint of `step`, just written, and the records in the background. The
         files are hard-linked aside first: the loop may replace best or delete the step meanwhile."""
-        self.wait()  # one upload at a time
-        aside = self.local / ".upload"
-        shutil.rmtree(aside, ignore_errors=True)
+        while self._pending is not None and not self._pending.done():  # one upload at a time...
+            if self._away is not None and time.monotonic() - self._away < self.retry_s:
+                break  # ...but while the store is away, training goes on; away too long, the run stops here
+            wait([self._pending], timeout=1)
+        self._newest = step
+        if self._pending is None or self._pending.done():
+            self.wait()  # an upload given up stops the run here
+            shutil.rmtree(self.local / ".upload", ignore_errors=True)  # none in flight: a killed run's
+        self._wake.set()  # one retrying gives way to this one
+        aside = self.local / ".upload" / str(step)
         checkpoints = self.local / "checkpoints"
         paths = [path for name in (step_name(step), BEST) for path in _files(checkpoints, name)]
         for path in paths:
@@ -182,7 +195,28 @@ class RunStore:
             except OSError:  # a file system without hard links
                 shutil.copyfile(checkpoints / path, aside / path)
         records = {name: (self.local / name).read_bytes() for name in RECORDS}
-        self._pending = self._uploads.submit(self._upload, step, aside, paths, records)
+        self._pending = self._uploads.submit(self._retried, step, aside, paths, records)
+
+    def _retried(self, step: int, aside: Path, paths: list[str], records: dict[str, bytes]) -> None:
+        """_upload(), retried while the store is away (1 s apart, doubling to 30 s) for retry_s at most."""
+        while step == self._newest:
+            try:
+                self._upload(step, aside, paths, records)
+                self._away = None
+                return
+            except StoreError as error:
+                if self._away is None:
+                    self._away = time.monotonic()
+                    print(f"warning: {error}; retrying for {self.retry_s:.0f} s", file=sys.stderr)
+                away = time.monotonic() - self._away
+                if away >= self.retry_s:
+                    lost = f"retried for {away:.0f} s; not stored from step {step} on"
+                    raise StoreError(f"{error}; {lost}: run the same command once it is back") from None
+                self._wake.wait(min(max(away, 1), 30, self.retry_s - away))
+                self._wake.clear()  # after the wait: a push since is seen by the test above
+        shutil.rmtree(aside, ignore_errors=True)  # a newer checkpoint took over, or a stop signal ended it
+        if self._newest is None:
+            print(f"warning: step {step} is not on {self.url}: its upload was cut short", file=sys.stderr)
 
     def _upload(self, step: int, aside: Path, paths: list[str], records: dict[str, bytes]) -> None:
         with self.reaching("upload to"):
@@ -221,13 +255,18 @@ class RunStore:
             pending.result()
 
     def close(self) -> None:
-        """Waits for the upload in flight, then uploads the records as they end."""
+        """Waits for the upload in flight (a stop signal ends that), then uploads the records as they end."""
         try:
             self.wait()
-            with self.reaching("upload to"):
-                for name in RECORDS:
-                    if (self.local / name).exists():
-                        self.fs.put_file(str(self.local / name), f"{self.root}/{name}")
+            if self._away is None:  # the store answered last: nothing given up
+                with self.reaching("upload to"):
+                    for name in RECORDS:
+                        if (self.local / name).exists():
+                            self.fs.put_file(str(self.local / name), f"{self.root}/{name}")
+        except KeyboardInterrupt:
+            self._newest = None  # the upload retrying gives way, saying so
+            self._wake.set()
+            raise
         finally:
             self._uploads.shutdown()
 
