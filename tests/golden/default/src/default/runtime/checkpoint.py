@@ -3,8 +3,7 @@
 Each holds the model (unwrapped), optimizer, scheduler, training position, RNG states,
 config and early-stopping state: tensors and plain values only, so `torch.load(weights_only=True)`
 runs no pickled code. Written to a temporary file, fsynced and renamed, none is ever half written;
-a SHA-256 digest checked on load reports a flipped bit and falls back, as for a truncated file.
-"""
+a SHA-256 digest checked on load reports a flipped bit and falls back, as for a truncated file."""
 
 import contextlib
 import hashlib

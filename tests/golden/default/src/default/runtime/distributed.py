@@ -1,7 +1,6 @@
 """Machinery: one process. The loop, the engine and the loader call the functions a multi-process
 project calls, so they read the same with one process as with many; here each is the one-process
-case: rank 0 of 1, a sum over one process is the value, the model as it is.
-"""
+case: rank 0 of 1, a sum over one process is the value, the model as it is."""
 
 import contextlib
 from dataclasses import dataclass

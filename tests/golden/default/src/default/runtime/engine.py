@@ -2,8 +2,7 @@
 one place: the model and what the loop calls, the optimizer (optim.py).
 
 `train` and every check build them as one `Engine` and step it with train.train_step, so a check
-proves the code that trains. What differs with the number of processes is in distributed.py.
-"""
+proves the code that trains. What differs with the number of processes is in distributed.py."""
 
 import contextlib
 import dataclasses

@@ -1,9 +1,7 @@
 """Machinery: the run folder's records: run.json (what ran, where, with what) and metrics.jsonl.
 
-metrics.jsonl holds one JSON object a line: `step`, `split` ("train" or "val") and `loss`; train
-records add `lr` and `grad_norm`, validation records add `accuracy`.
-Floats are written in full.
-"""
+metrics.jsonl holds one JSON object a line (floats in full): `step`, `split` ("train" or "val") and
+`loss`; train records add `lr` and `grad_norm`, validation records add `accuracy`."""
 
 import contextlib
 import datetime

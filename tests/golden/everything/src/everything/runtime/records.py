@@ -1,7 +1,6 @@
 """Machinery: reading a run folder's records back: run.json and metrics.jsonl, as report, diagnose and a
 resumed run read them. A record that is missing, torn by a crash or of the wrong shape is named in
-one line (RunRecordError, or a warning counting the damaged metrics lines), never a traceback.
-"""
+one line (RunRecordError, or a warning counting the damaged metrics lines), never a traceback."""
 
 import json
 import sys

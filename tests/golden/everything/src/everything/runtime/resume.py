@@ -128,12 +128,8 @@ def set_rng_state(state: dict) -> None:
 
 def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
     """Refuses a checkpoint of other settings: the run would not go on as it started."""
-    saved = checkpoint["config"]
-    changed = [
-        f"{k} {saved.get(k)!r} -> {getattr(cfg, k)!r}"
-        for k in RESUME_FIXED
-        if saved.get(k) != getattr(cfg, k)
-    ]
+    saved, now = checkpoint["config"], asdict(cfg)
+    changed = [f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in RESUME_FIXED if saved.get(k) != now[k]]
     data = checkpoint["data"]  # a list or dict (an encoding) is too long to show
     changed += [
         f"data {k} " + ("changed" if isinstance(v, list | dict) else f"{data.get(k)!r} -> {v!r}")

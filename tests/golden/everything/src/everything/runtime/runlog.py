@@ -1,10 +1,8 @@
 """Machinery: the run folder's records: run.json (what ran, where, with what) and metrics.jsonl, which
 also go to MLflow (tracking.py).
 
-metrics.jsonl holds one JSON object a line: `step`, `split` ("train" or "val") and `loss`; train
-records add `lr` and `grad_norm`, validation records add those of model.Metrics.
-Floats are written in full.
-"""
+metrics.jsonl holds one JSON object a line (floats in full): `step`, `split` ("train" or "val") and
+`loss`; train records add `lr` and `grad_norm`, validation records add those of model.Metrics."""
 
 import contextlib
 import datetime
