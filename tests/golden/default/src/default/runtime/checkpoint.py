@@ -27,8 +27,7 @@ class CheckpointDir:
     """`step-<n>.pt` every ckpt_every steps (the newest keep_last kept) and `best.pt`."""
 
     def __init__(self, path: Path, keep_last: int, main: bool = True) -> None:
-        """`main=False` (the other ranks of a multi-process run): reads checkpoints, saves nothing.
-        The main one makes the folder and removes what a crash in the middle of a save left."""
+        """`main=False` (the other ranks of a multi-process run): reads checkpoints, saves nothing."""
         self.path = path
         self.best = path / "best.pt"
         self.keep_last = keep_last
@@ -36,7 +35,7 @@ class CheckpointDir:
         try:
             if main:
                 self.path.mkdir(parents=True, exist_ok=True)
-                for stale in self.path.glob(".*.tmp"):
+                for stale in self.path.glob(".*.tmp"):  # what a crash in the middle of a save left
                     stale.unlink()
         except OSError as error:
             raise CheckpointError(f"cannot write checkpoints in {self.path}: {error.strerror}") from None
