@@ -24,8 +24,7 @@ AMP_DTYPE = torch.float16  # autocast dtype; losses stay in fp32
 
 
 def setup(cfg: Config) -> tuple[torch.device, distributed.Dist]:
-    """The device and this process's place in the group, deterministic kernels if asked, and every
-    global RNG seeded."""
+    """The device, this process's place in the group, deterministic kernels if asked, global RNGs seeded."""
     device = torch.device(cfg.device)
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available[device.type]:
