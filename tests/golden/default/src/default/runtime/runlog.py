@@ -66,8 +66,7 @@ class RunLog:
 
     def resume(self, record: dict, path: Path, checkpoint: dict) -> None:
         """Keeps the records up to the step of `checkpoint` (read from `path`) and notes the restart
-        in run.json; a damaged run.json is rebuilt from `record` (this command's), with a warning.
-        """
+        in run.json; a damaged run.json is rebuilt from `record` (this command's), with a warning."""
         step = checkpoint["state"]["step"]
         self._keep_metrics(step)
         try:

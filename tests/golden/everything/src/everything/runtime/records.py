@@ -121,8 +121,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def parse_metrics(data: bytes, path: Path, dropped: str) -> list[dict]:
-    """The records in metrics.jsonl's bytes (read from `path`); a warning names the lines that are not
-    one, and what becomes of them (`dropped`)."""
+    """The records in metrics.jsonl's bytes, read from `path`; a warning names the other lines (`dropped`)."""
     records, damaged = [], []
     for number, line in enumerate(data.splitlines(), 1):
         if not line.strip():

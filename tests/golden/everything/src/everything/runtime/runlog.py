@@ -79,8 +79,7 @@ class RunLog:
         """Keeps the records up to the step of `checkpoint` (read from `path`) and notes the restart
         in run.json; a damaged run.json is rebuilt from `record` (this command's), with a warning.
         The tracker gets the records the stopped process never sent it: those after its last
-        flush (run.json's "tracker") up to the checkpoint.
-        """
+        flush (run.json's "tracker") up to the checkpoint."""
         step = checkpoint["state"]["step"]
         kept = self._keep_metrics(step)
         try:
