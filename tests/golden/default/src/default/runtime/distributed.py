@@ -37,7 +37,6 @@ def build(make, cfg: Config, device: torch.device) -> torch.nn.Module:
 
 
 def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
-    """What the loop calls: the model."""
     return model
 
 
@@ -60,7 +59,6 @@ def load_model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
 
 
 def validation_batches(n_examples: int, batch_size: int, group: Dist) -> list[torch.Tensor]:
-    """The validation examples in order, in batches: each once."""
     return list(torch.arange(n_examples).split(batch_size))
 
 
@@ -75,7 +73,6 @@ def stage_run(store: RunStore, group: Dist) -> None:
 
 
 def run_as_processes(processes: int, command) -> int:
-    """One process: the command runs here, as it is."""
     return command()
 
 

@@ -14,8 +14,7 @@ class RunRecordError(RuntimeError):
 
 
 NUMBER = int | float
-# What report, diagnose and resumes read from run.json, and its type ("?": may be absent); a record
-# that lacks a part, or holds something else there, is damaged. A list: each item of that shape.
+# What report, diagnose and resumes read from run.json, and its type ("?": may be absent; [x]: a list of x).
 RECORD_SHAPE = {
     "project": str,
     "seed": int,
