@@ -37,9 +37,8 @@ class RunLog:
         checkpoints = run_dir / "checkpoints"
         if checkpoints.exists() and not checkpoints.is_dir():  # checked before anything is made
             raise RunDirError(f"{checkpoints} is a file, where the checkpoints go: move it away")
-        # What this start makes, removed if it fails: it leaves nothing, and loses nothing there.
-        self._made: Path | None = None  # the outermost folder it made
-        self._had: set[str] | None = None  # or else the names the run folder held before it
+        self._made: Path | None = None  # a failed start removes what it made: the outermost folder
+        self._had: set[str] | None = None  # or else the names the run folder held before: all kept
         try:  # fail before training, not at the first checkpoint
             self._made = make_folders(run_dir)
             self._had = set(os.listdir(run_dir))
