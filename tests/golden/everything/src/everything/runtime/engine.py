@@ -1,8 +1,7 @@
 """Machinery: the run's set-up (device, process group, seeds) and the training objects, built in
-one place: the model and what the loop calls, the optimizer (optim.py), the gradient scaler.
-
-`train` and every check build them as one `Engine` and step it with train.train_step, so a check
-proves the code that trains. What differs with the number of processes is in distributed.py."""
+one place: the model and what the loop calls, the optimizer (optim.py), the gradient scaler. `train` and every
+check build them as one `Engine` and step it with train.train_step, so a check proves the code that
+trains. What differs with the number of processes is in distributed.py."""
 
 import contextlib
 import dataclasses
