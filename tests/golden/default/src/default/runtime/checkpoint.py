@@ -3,8 +3,7 @@
 Each holds the model (unwrapped), optimizer, scheduler, training position, RNG states,
 config and early-stopping state: tensors and plain values only, so `torch.load(weights_only=True)`
 runs no pickled code. Written to a temporary file, fsynced and renamed, none is ever half written;
-a SHA-256 digest checked on load reports a flipped bit and falls back, as for a truncated file.
-"""
+a SHA-256 digest checked on load reports a flipped bit and falls back, as for a truncated file."""
 
 import contextlib
 import hashlib
@@ -28,8 +27,7 @@ class CheckpointDir:
     """`step-<n>.pt` every ckpt_every steps (the newest keep_last kept) and `best.pt`."""
 
     def __init__(self, path: Path, keep_last: int, main: bool = True) -> None:
-        """`main=False` (the other ranks of a multi-process run): reads checkpoints, saves nothing.
-        The main one makes the folder and removes what a crash in the middle of a save left."""
+        """`main=False` (the other ranks of a multi-process run): reads checkpoints, saves nothing."""
         self.path = path
         self.best = path / "best.pt"
         self.keep_last = keep_last
@@ -37,7 +35,7 @@ class CheckpointDir:
         try:
             if main:
                 self.path.mkdir(parents=True, exist_ok=True)
-                for stale in self.path.glob(".*.tmp"):
+                for stale in self.path.glob(".*.tmp"):  # what a crash in the middle of a save left
                     stale.unlink()
         except OSError as error:
             raise CheckpointError(f"cannot write checkpoints in {self.path}: {error.strerror}") from None

@@ -1,7 +1,6 @@
 """Machinery: one process. The loop, the engine and the loader call the functions a multi-process
 project calls, so they read the same with one process as with many; here each is the one-process
-case: rank 0 of 1, a sum over one process is the value, the model as it is.
-"""
+case: rank 0 of 1, a sum over one process is the value, the model as it is."""
 
 import contextlib
 from dataclasses import dataclass
@@ -40,7 +39,6 @@ def build(make, cfg: Config, device: torch.device) -> torch.nn.Module:
 
 
 def wrap(model: torch.nn.Module, cfg: Config, device: torch.device) -> torch.nn.Module:
-    """What the loop calls: the model."""
     return model
 
 
@@ -63,7 +61,6 @@ def load_model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
 
 
 def validation_batches(n_examples: int, batch_size: int, group: Dist) -> list[torch.Tensor]:
-    """The validation examples in order, in batches: each once."""
     return list(torch.arange(n_examples).split(batch_size))
 
 
@@ -78,7 +75,6 @@ def stage_run(store: RunStore, group: Dist) -> None:
 
 
 def run_as_processes(processes: int, command) -> int:
-    """One process: the command runs here, as it is."""
     return command()
 
 

@@ -1,9 +1,7 @@
 """Machinery: the run's set-up (device, process group, seeds) and the training objects, built in
-one place: the model and what the loop calls, the optimizer (optim.py).
-
-`train` and every check build them as one `Engine` and step it with train.train_step, so a check
-proves the code that trains. What differs with the number of processes is in distributed.py.
-"""
+one place: the model and what the loop calls, the optimizer (optim.py). `train` and every
+check build them as one `Engine` and step it with train.train_step, so a check proves the code that
+trains. What differs with the number of processes is in distributed.py."""
 
 import contextlib
 import dataclasses
@@ -24,8 +22,7 @@ PRECISION = "fp32"
 
 
 def setup(cfg: Config) -> tuple[torch.device, distributed.Dist]:
-    """The device and this process's place in the group, deterministic kernels if asked, and every
-    global RNG seeded."""
+    """The device, this process's place in the group, deterministic kernels if asked, global RNGs seeded."""
     device = torch.device(cfg.device)
     available = {"cpu": True, "cuda": torch.cuda.is_available(), "mps": torch.backends.mps.is_available()}
     if not available[device.type]:

@@ -43,7 +43,13 @@ def restore_run(loop: Loop) -> dict | None:
     check_resumable(checkpoint, cfg, loop.splits)
     state = loop.state = TrainState(**checkpoint["state"])
     planned = state.schedule_steps or checkpoint["config"]["max_steps"]
-    state.schedule_steps = schedule_horizon(cfg, state.step, planned)
+    if cfg.max_steps < state.step:
+        raise ConfigError(
+            f"{cfg.run_dir} is at step {state.step} (of {planned} planned), past --max-steps"
+            f" {cfg.max_steps}: give --max-steps {state.step} or more, or start over in a new --run-dir"
+        )
+    # the cosine decay's horizon: a raised --max-steps keeps the plan, a lowered one re-plans it
+    state.schedule_steps = cfg.max_steps if state.step < cfg.max_steps < planned else planned
     if note:
         state.reshard(saved_world, group.world_size)
         say(f"warning: {note}")
@@ -122,12 +128,8 @@ def set_rng_state(state: dict) -> None:
 
 def check_resumable(checkpoint: dict, cfg: Config, splits: Splits) -> None:
     """Refuses a checkpoint of other settings: the run would not go on as it started."""
-    saved = checkpoint["config"]
-    changed = [
-        f"{k} {saved.get(k)!r} -> {getattr(cfg, k)!r}"
-        for k in RESUME_FIXED
-        if saved.get(k) != getattr(cfg, k)
-    ]
+    saved, now = checkpoint["config"], asdict(cfg)
+    changed = [f"{k} {saved.get(k)!r} -> {now[k]!r}" for k in RESUME_FIXED if saved.get(k) != now[k]]
     data = checkpoint["data"]  # a list or dict (an encoding) is too long to show
     changed += [
         f"data {k} " + ("changed" if isinstance(v, list | dict) else f"{data.get(k)!r} -> {v!r}")
@@ -169,14 +171,3 @@ def reached_step(run_dir: Path) -> int:
     """The last step metrics.jsonl records training, 0 where it has none."""
     records = read_metrics(run_dir) if (run_dir / "metrics.jsonl").exists() else []
     return max((r["step"] for r in records if r["split"] == "train"), default=0)
-
-
-def schedule_horizon(cfg: Config, step: int, planned: int) -> int:
-    """The cosine decay's horizon for a run resumed at `step` of `planned`: a raised --max-steps
-    keeps the plan, a lowered one re-plans it, one below `step` is refused."""
-    if cfg.max_steps < step:
-        raise ConfigError(
-            f"{cfg.run_dir} is at step {step} (of {planned} planned), past --max-steps {cfg.max_steps}:"
-            f" give --max-steps {step} or more, or start over in a new --run-dir"
-        )
-    return cfg.max_steps if step < cfg.max_steps < planned else planned

@@ -60,8 +60,7 @@ def fetch_checkpoint(path: str | None) -> str:
     local = cache_dir(path.rstrip("/"), "reads") / "checkpoints"  # this checkpoint's alone
     with store.reaching("read"):
         for _, manifest in reversed(store.manifests()):
-            files = {file: entry for file, entry in manifest["files"].items() if top(file) == name}
-            if files:
+            if files := {file: entry for file, entry in manifest["files"].items() if top(file) == name}:
                 store.download_all(files, local)
                 prune(local, files)
                 print(f"reading {path} (its copy here: {local / name})", file=sys.stderr)

@@ -1,9 +1,7 @@
 """Machinery: the run folder's records: run.json (what ran, where, with what) and metrics.jsonl.
 
-metrics.jsonl holds one JSON object a line: `step`, `split` ("train" or "val") and `loss`; train
-records add `lr` and `grad_norm`, validation records add `accuracy`.
-Floats are written in full.
-"""
+metrics.jsonl holds one JSON object a line (floats in full): `step`, `split` ("train" or "val") and
+`loss`; train records add `lr` and `grad_norm`, validation records add `accuracy`."""
 
 import contextlib
 import datetime
@@ -39,9 +37,8 @@ class RunLog:
         checkpoints = run_dir / "checkpoints"
         if checkpoints.exists() and not checkpoints.is_dir():  # checked before anything is made
             raise RunDirError(f"{checkpoints} is a file, where the checkpoints go: move it away")
-        # What this start makes, removed if it fails: it leaves nothing, and loses nothing there.
-        self._made: Path | None = None  # the outermost folder it made
-        self._had: set[str] | None = None  # or else the names the run folder held before it
+        self._made: Path | None = None  # a failed start removes what it made: the outermost folder
+        self._had: set[str] | None = None  # or else the names the run folder held before: all kept
         try:  # fail before training, not at the first checkpoint
             self._made = make_folders(run_dir)
             self._had = set(os.listdir(run_dir))
@@ -68,8 +65,7 @@ class RunLog:
 
     def resume(self, record: dict, path: Path, checkpoint: dict) -> None:
         """Keeps the records up to the step of `checkpoint` (read from `path`) and notes the restart
-        in run.json; a damaged run.json is rebuilt from `record` (this command's), with a warning.
-        """
+        in run.json; a damaged run.json is rebuilt from `record` (this command's), with a warning."""
         step = checkpoint["state"]["step"]
         self._keep_metrics(step)
         try:

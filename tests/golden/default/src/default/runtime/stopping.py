@@ -5,8 +5,7 @@ is in, the loop writes that step's checkpoint and exits with 128 + the signal (1
 shell reports it. The same command resumes, losing no steps. A second signal aborts at once.
 
 `train` holds an exclusive POSIX record lock on RUN_DIR/.lock (dropped by the kernel when it ends,
-even by kill -9; not inherited by loader workers): a second `train` on the folder stops at once.
-"""
+even by kill -9; not inherited by loader workers): a second `train` on the folder stops at once."""
 
 import errno
 import fcntl

@@ -5,8 +5,6 @@ import time
 
 from tqdm import tqdm
 
-PASS_LINE_EVERY_S = 30.0  # in a log, a long pass over data says where it is this often
-
 
 class Progress:
     """A progress bar with loss, throughput and ETA on a terminal; plain lines when logged to a file."""
@@ -34,9 +32,7 @@ class Progress:
         self.bar.close()
 
 
-def announced(
-    batches, what: str, unit: str = "batch", every: float = PASS_LINE_EVERY_S, clock=time.perf_counter
-):
+def announced(batches, what: str, unit: str = "batch", every: float = 30.0, clock=time.perf_counter):
     """`batches` (or steps), passed through, saying where a long pass is: on a terminal a bar that
     appears after 2 s and goes when the pass ends; in a log a line on stderr every `every` seconds."""
     try:

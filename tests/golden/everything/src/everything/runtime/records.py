@@ -1,7 +1,6 @@
 """Machinery: reading a run folder's records back: run.json and metrics.jsonl, as report, diagnose and a
 resumed run read them. A record that is missing, torn by a crash or of the wrong shape is named in
-one line (RunRecordError, or a warning counting the damaged metrics lines), never a traceback.
-"""
+one line (RunRecordError, or a warning counting the damaged metrics lines), never a traceback."""
 
 import json
 import sys
@@ -15,8 +14,7 @@ class RunRecordError(RuntimeError):
 
 
 NUMBER = int | float
-# What report, diagnose and resumes read from run.json, and its type ("?": may be absent); a record
-# that lacks a part, or holds something else there, is damaged. A list: each item of that shape.
+# What report, diagnose and resumes read from run.json, and its type ("?": may be absent; [x]: a list of x).
 RECORD_SHAPE = {
     "project": str,
     "seed": int,
@@ -50,9 +48,9 @@ def read_record(run_dir: Path) -> dict:
 
 def _misshapen(value, shape, name: str = "") -> list[str]:
     """The names of the parts of `value` (itself `name`) that do not have `shape`."""
+    if isinstance(shape, dict | list) and not isinstance(value, type(shape)):
+        return [name]
     if isinstance(shape, dict):
-        if not isinstance(value, dict):
-            return [name]
         return [
             wrong
             for key, part in shape.items()
@@ -60,8 +58,6 @@ def _misshapen(value, shape, name: str = "") -> list[str]:
             for wrong in _misshapen(value.get(key.rstrip("?")), part, f"{name}.{key.rstrip('?')}".lstrip("."))
         ]
     if isinstance(shape, list):
-        if not isinstance(value, list):
-            return [name]
         return [wrong for i, item in enumerate(value) for wrong in _misshapen(item, shape[0], f"{name}[{i}]")]
     is_bool = isinstance(value, bool)  # a bool is an int to isinstance
     return [] if isinstance(value, shape) and (is_bool == (shape is bool)) else [name]
@@ -85,8 +81,7 @@ def checks_mismatch(summary: dict, record: dict) -> str | None:
     if any(ran.get(key) != checked.get(key) for key in ("source", "digest")):
         return "other data"
     config = record.get("config", {})
-    differ = [name for name in RESUME_FIXED if summary.get("config", {}).get(name) != config.get(name)]
-    if differ:
+    if differ := [name for name in RESUME_FIXED if summary.get("config", {}).get(name) != config.get(name)]:
         return "other settings (" + ", ".join("--" + name.replace("_", "-") for name in differ) + ")"
     return None
 
@@ -125,8 +120,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 
 def parse_metrics(data: bytes, path: Path, dropped: str) -> list[dict]:
-    """The records in metrics.jsonl's bytes (read from `path`); a warning names the lines that are not
-    one, and what becomes of them (`dropped`)."""
+    """The records in metrics.jsonl's bytes, read from `path`; a warning names the other lines (`dropped`)."""
     records, damaged = [], []
     for number, line in enumerate(data.splitlines(), 1):
         if not line.strip():
@@ -139,8 +133,12 @@ def parse_metrics(data: bytes, path: Path, dropped: str) -> list[dict]:
             records.append(record)
         else:
             damaged.append(number)
-    if damaged:
-        print(f"warning: {path}: {damaged_lines(damaged, data)} {dropped}", file=sys.stderr)
+    if damaged == [len(data.splitlines())] and not data.endswith(b"\n"):  # a last line with no newline
+        print(f"warning: {path}: its last line ({damaged[0]}), cut off mid-write, {dropped}", file=sys.stderr)
+    elif damaged:
+        shown = ", ".join(map(str, damaged[:5])) + (", ..." if len(damaged) > 5 else "")
+        what = f"{len(damaged)} damaged line{'s' if len(damaged) > 1 else ''} ({shown})"
+        print(f"warning: {path}: {what} {dropped}", file=sys.stderr)
     return records
 
 
@@ -153,11 +151,3 @@ def _is_record(record) -> bool:
         and {"loss", *(("lr", "grad_norm") if record["split"] == "train" else ())} <= record.keys()
         and all(isinstance(v, NUMBER) and not isinstance(v, bool) for k, v in record.items() if k != "split")
     )
-
-
-def damaged_lines(lines: list[int], data: bytes) -> str:
-    """The damaged `lines` of metrics.jsonl's bytes, for a warning (a last line with no newline: cut off)."""
-    if lines == [len(data.splitlines())] and not data.endswith(b"\n"):
-        return f"its last line ({lines[0]}), cut off mid-write,"
-    shown = ", ".join(map(str, lines[:5])) + (", ..." if len(lines) > 5 else "")
-    return f"{len(lines)} damaged line{'s' if len(lines) > 1 else ''} ({shown})"

@@ -36,10 +36,8 @@ class TrainState:
 
 @dataclass
 class Waits:
-    """Seconds the loop spent waiting for its next batch, and in its training steps in all."""
-
-    data: float = 0.0
-    steps: float = 0.0
+    data: float = 0.0  # seconds the loop spent waiting for its next batch
+    steps: float = 0.0  # and in its training steps in all
 
 
 @dataclass
