@@ -39,6 +39,7 @@ SUFFIXES = (".csv", ".parquet")
 # Values beyond this magnitude are refused: float32 statistics of them (sums of squares over a
 # million examples) overflow, and a loss over them is NaN from the first step.
 LARGEST_VALUE = 1e15
+_NOTED: set[str] = set()  # the notes printed so far
 
 
 class DataError(ValueError):
@@ -186,9 +187,6 @@ def check_numbers(path: Path, column: Column) -> None:
             f"{path}: example {row} has {column.name} {column.values[row]:g}; numbers must be"
             f" finite and within ±{LARGEST_VALUE:g}"
         )
-
-
-_NOTED: set[str] = set()
 
 
 def note(message: str) -> None:
