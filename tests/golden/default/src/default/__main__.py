@@ -86,8 +86,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Runs the command that `args` names; its exit status. A command without its entry here fails
-    (a KeyError) rather than run another."""
+    """Runs the command `args` names; one without its entry here fails (KeyError) rather than run another."""
     commands = {
         "train": lambda: train(config_from_args(args))["exit_status"],
         "check": lambda: run_checks(config_from_args(args), args.which),

@@ -74,8 +74,7 @@ class Run:
 def load_run(run_dir: str) -> Run:
     path = Path(run_dir)
     try:
-        record = read_record(path)
-        metrics = read_metrics(path)
+        record, metrics = read_record(path), read_metrics(path)
     except RunRecordError as error:
         raise DiagnoseError(str(error)) from None
     train, val = ([r for r in metrics if r["split"] == split] for split in ("train", "val"))

@@ -91,7 +91,6 @@ def profile(cfg: Config, output: str) -> str:
 
 
 def verdict(data_share: float) -> str:
-    """The rules' first speed step: fix data loading before anything else."""
     if data_share > LOADER_WARN_SHARE:
         return (
             f"verdict: loader-bound: waiting for data is {data_share:.1%} of a step (over "
@@ -103,8 +102,7 @@ def verdict(data_share: float) -> str:
 def step_flops(engine: Engine, batches, cfg: Config, device: torch.device) -> int:
     """The FLOPs of one step's forward and backward passes, counted on the plain model (compiled graphs
     would hide the operators from the counter); the gradients are discarded, the optimizer takes no step."""
-    counter = FlopCounterMode(display=False)
-    with counter:
+    with FlopCounterMode(display=False) as counter:
         for _ in range(cfg.grad_accum_steps):
             x, y = (t.to(device) for t in next(batches))
             compute_loss(engine.model(x), y).backward()

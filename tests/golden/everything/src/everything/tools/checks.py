@@ -305,8 +305,7 @@ def _run_each(checks: dict, main: bool) -> dict[str, CheckResult]:
 
 
 def _lock(work: Path, main: bool) -> RunLock | None:
-    """Rank 0's lock on the check folder (held until the checks end, or the process does); every
-    rank refuses together when another check holds it."""
+    """Rank 0's lock on the check folder, to the checks' end; every rank refuses if another check holds it."""
     lock, busy = None, None
     if main:
         try:

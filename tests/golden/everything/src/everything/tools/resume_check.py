@@ -41,8 +41,7 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
         num_workers=max(1, cfg.num_workers),
         deterministic=True,
     )
-    first, second = _train_then_resume(base, work, n)
-    same, covered, detail = _compare(first, second, n, mid_epoch_possible)
+    same, covered, detail = _compare(*_train_then_resume(base, work, n), n, mid_epoch_possible)
     if not mid_epoch_possible:  # one micro-batch an epoch, or steps of whole epochs
         detail += f"; no step ends mid-epoch ({micro_per_epoch} micro-batches an epoch, "
         detail += f"{cfg.grad_accum_steps} a step)"
