@@ -71,7 +71,6 @@ class Column:
 
 
 def check_file(path: Path, suffixes: tuple[str, ...]) -> None:
-    """A DataError unless `path` is a file with one of `suffixes`."""
     expected = f"expected a {', '.join(suffixes[:-1])} or {suffixes[-1]} file"
     if path.is_dir():
         raise DataError(f"{path}: a folder, not a file: {expected}")

@@ -97,12 +97,11 @@ def load_splits(cfg: Config) -> Splits:
         note(f"{table.source}: {n_unseen:,} validation rows of classes training never saw: left out")
         val_idx = val_idx[y[val_idx] >= 0]
     specs = columns.fit(table.features, train_idx)
-    x = columns.encode(Path(table.source), table.features, specs)
-    x_t, y_t = torch.from_numpy(x), torch.from_numpy(y)
+    x, y = torch.from_numpy(columns.encode(Path(table.source), table.features, specs)), torch.from_numpy(y)
     return Splits(
-        train=FeatureDataset(x_t[train_idx], y_t[train_idx]),
-        val=FeatureDataset(x_t[val_idx], y_t[val_idx]),
-        n_features=x_t.shape[1],
+        train=FeatureDataset(x[train_idx], y[train_idx]),
+        val=FeatureDataset(x[val_idx], y[val_idx]),
+        n_features=x.shape[1],
         n_classes=len(classes),
         classes=classes,
         label=table.label.name,

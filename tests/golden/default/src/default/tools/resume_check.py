@@ -101,12 +101,11 @@ def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tup
     equal = sum(x == y for x, y in zip(expected[n:], got[n:], strict=False))
     at_n = load(second / "checkpoints" / step_name(n))["state"]
     crossed = b["state"]["epoch"] - at_n["epoch"]
-    where = f"micro-batch {at_n['batch_in_epoch']} of epoch {at_n['epoch']}"
     covered = crossed > 0 and len(val_got) > 0 and (at_n["batch_in_epoch"] > 0 or not mid_epoch_possible)
     detail = (
-        f"checkpoint at step {n} of {2 * n} ({where}), then {crossed} epoch boundaries and "
-        f"{len(val_got)} validations; losses of steps {n + 1}-{2 * n}: {equal}/{n} equal, "
-        f"validation losses {'equal' if val_got == val_expected else 'DIFFER'}; "
+        f"checkpoint at step {n} of {2 * n} (micro-batch {at_n['batch_in_epoch']} of epoch {at_n['epoch']}), "
+        f"then {crossed} epoch boundaries and {len(val_got)} validations; losses of steps {n + 1}-{2 * n}: "
+        f"{equal}/{n} equal, validation losses {'equal' if val_got == val_expected else 'DIFFER'}; "
         f"{len(got)} train records for {2 * n} steps; final model and optimizer "
         + ("equal" if same_state else "DIFFER")
     )
