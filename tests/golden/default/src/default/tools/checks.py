@@ -115,9 +115,8 @@ def check_overfit(cfg: Config) -> CheckResult:
 
 
 def check_batch_independence(cfg: Config) -> CheckResult:
-    """Example i's loss must not depend on example j's input: a reshape or a reduction over the
-    wrong dimension mixes examples, and still trains. Tested with the model in eval mode, so the
-    batch statistics of BatchNorm (a dependence by design) are not counted."""
+    """Example i's loss must not depend on example j's input: a reshape or a reduction over the wrong
+    dimension mixes examples, and still trains. In eval mode: BatchNorm's batch statistics mix by design."""
     device, _ = setup(cfg)
     splits = load_splits(cfg)
     model = Engine(cfg, splits, device).model.eval()

@@ -1,6 +1,5 @@
-"""Tool: what diagnose reads and what it reports: a finished run read back from its folder, and a
-finding with the first checks the training rules give for it. The rules that find them are in
-loss_findings.py (the loss curves) and loop_findings.py (loading, the schedule, clipping)."""
+"""Tool: what diagnose reads and reports: a finished run read back from its folder, and a finding with the
+first checks the training rules give for it; the rules are in loss_findings.py and loop_findings.py."""
 
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -3,8 +3,7 @@
     python -m everything profile  # the default model and data
     python -m everything profile --batch-size 256  # any train option
 
-Real training steps of a fresh model, built as `train` builds it (the run folder is untouched),
-in three passes after a warm-up:
+Real training steps on a fresh model (no run folder is written), in three passes after a warm-up:
 1. the split: each phase of a step (data wait, host-to-device copy, forward, backward, optimizer)
    timed with the device synchronised as it ends, beside the step's own time;
 2. one torch.profiler window (wait, warm-up, active steps): the top operators and a Chrome trace;

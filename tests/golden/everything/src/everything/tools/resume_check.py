@@ -86,9 +86,8 @@ def _train_then_resume(base: Config, work: Path, n: int) -> tuple[Path, Path]:
 
 
 def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tuple[bool, bool, str]:
-    """Whether the resumed run's steps N+1 to 2N, validations and final model and optimizer equal the
-    uninterrupted run's; whether they covered a mid-epoch checkpoint, an epoch boundary and a validation;
-    and the numbers behind both."""
+    """Whether the resumed run's steps N+1 to 2N, validations and final state equal the uninterrupted
+    run's; whether they covered a mid-epoch checkpoint, an epoch boundary and a validation; and why."""
 
     def losses(run: Path, split: str, after: int = 0) -> list[float]:
         return [r["loss"] for r in read_metrics(run) if r["split"] == split and r["step"] > after]
