@@ -22,10 +22,9 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
     """Trains 2N steps with a checkpoint at N, resumes a copy from that checkpoint, compares. The data
     is cut to a few batches an epoch so that N falls mid-epoch with an epoch boundary and validations
     before 2N, loader workers on; the records must show all of that, so every piece of state is exercised."""
-    splits = load_splits(cfg)
     # 3k + 1 micro-batches an epoch for k of them a step: checkpoints then fall mid-epoch.
     per_batch = cfg.batch_size * init_distributed(torch.device(cfg.device).type).world_size
-    micro_per_epoch = min(training_examples(splits, cfg) // per_batch, 3 * cfg.grad_accum_steps + 1)
+    micro_per_epoch = min(training_examples(load_splits(cfg), cfg) // per_batch, 3 * cfg.grad_accum_steps + 1)
     n, mid_epoch_possible = _resume_point(micro_per_epoch, cfg.grad_accum_steps)
     base = replace(
         cfg,
