@@ -39,6 +39,7 @@ SUFFIXES = (".csv", ".parquet")
 # Values beyond this magnitude are refused: float32 statistics of them (sums of squares over a
 # million examples) overflow, and a loss over them is NaN from the first step.
 LARGEST_VALUE = 1e15
+_NOTED: set[str] = set()  # the notes printed so far
 
 
 class DataError(ValueError):
@@ -70,7 +71,6 @@ class Column:
 
 
 def check_file(path: Path, suffixes: tuple[str, ...]) -> None:
-    """A DataError unless `path` is a file with one of `suffixes`."""
     expected = f"expected a {', '.join(suffixes[:-1])} or {suffixes[-1]} file"
     if path.is_dir():
         raise DataError(f"{path}: a folder, not a file: {expected}")
@@ -186,9 +186,6 @@ def check_numbers(path: Path, column: Column) -> None:
             f"{path}: example {row} has {column.name} {column.values[row]:g}; numbers must be"
             f" finite and within ±{LARGEST_VALUE:g}"
         )
-
-
-_NOTED: set[str] = set()
 
 
 def note(message: str) -> None:

@@ -38,6 +38,12 @@ from .config import Config
 from .runtime.checkpoint import file_digest
 from .runtime.loader import read_batch
 
+TARGET_NAME = "label"
+# A label with more classes than this share of the training rows, or more than MAX_NUMBER_CLASSES
+# numbers that are not class indices (from 0 or 1, gaps in under half of the range), is likelier a
+# measurement (a price, a weight) or an id than classes.
+MAX_CLASS_SHARE = 0.1
+MAX_NUMBER_CLASSES = 20
 SPLIT_SEED = 20240601  # fixed, so every run (whatever its --seed) validates on the same examples
 
 
@@ -87,17 +93,15 @@ def load_splits(cfg: Config) -> Splits:
     table = read_source(cfg)
     train_idx, val_idx = labelled_split(table, cfg)
     y, classes = class_indices(table, train_idx, cfg)
-    unseen = val_idx[y[val_idx] < 0]
-    if len(unseen):
-        note(f"{table.source}: {len(unseen):,} validation rows of classes training never saw: left out")
+    if n_unseen := int((y[val_idx] < 0).sum()):
+        note(f"{table.source}: {n_unseen:,} validation rows of classes training never saw: left out")
         val_idx = val_idx[y[val_idx] >= 0]
     specs = columns.fit(table.features, train_idx)
-    x = columns.encode(Path(table.source), table.features, specs)
-    x_t, y_t = torch.from_numpy(x), torch.from_numpy(y)
+    x, y = torch.from_numpy(columns.encode(Path(table.source), table.features, specs)), torch.from_numpy(y)
     return Splits(
-        train=FeatureDataset(x_t[train_idx], y_t[train_idx]),
-        val=FeatureDataset(x_t[val_idx], y_t[val_idx]),
-        n_features=x_t.shape[1],
+        train=FeatureDataset(x[train_idx], y[train_idx]),
+        val=FeatureDataset(x[val_idx], y[val_idx]),
+        n_features=x.shape[1],
         n_classes=len(classes),
         classes=classes,
         label=table.label.name,
@@ -115,14 +119,6 @@ def synthetic_data(n: int = 4096, n_features: int = 16, n_classes: int = 4):
     w1 = rng.standard_normal((n_features, 64)).astype(np.float32)
     w2 = rng.standard_normal((64, n_classes)).astype(np.float32)
     return x, np.argmax(np.tanh(x @ w1) @ w2, axis=1).astype(np.int64)
-
-
-TARGET_NAME = "label"
-# A label with more classes than this share of the training rows, or more than MAX_NUMBER_CLASSES
-# numbers that are not class indices (from 0 or 1, gaps in under half of the range), is likelier a
-# measurement (a price, a weight) or an id than classes.
-MAX_CLASS_SHARE = 0.1
-MAX_NUMBER_CLASSES = 20
 
 
 @dataclass

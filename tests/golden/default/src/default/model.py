@@ -11,8 +11,7 @@ from .data import Splits
 
 
 class MLP(nn.Module):
-    """Encoded features (data.py standardised them, on the training split), then hidden layers of
-    Linear, LayerNorm, GELU and dropout."""
+    """Encoded features (data.py standardised them), then hidden Linear, LayerNorm, GELU, dropout layers."""
 
     def __init__(
         self, n_features: int, n_outputs: int, hidden_dim: int, n_layers: int, dropout: float
@@ -63,8 +62,7 @@ def overfit_target(first_loss: float) -> float:
 
 
 class Metrics:
-    """Validation loss and accuracy: `sums` and `count` add up on the device (and over ranks);
-    `compute()` is the only host sync."""
+    """Validation loss and accuracy, summed on the device (and over ranks): `compute()` alone syncs."""
 
     def __init__(self, splits: Splits, device: torch.device) -> None:
         self.sums = torch.zeros(2, device=device)  # cross-entropy, correct predictions

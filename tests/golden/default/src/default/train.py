@@ -42,8 +42,7 @@ class TrainingError(RuntimeError):
 def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=lambda phase: None):
     """One optimizer step over cfg.grad_accum_steps micro-batches: the mean loss and the gradient norm
     as tensors (.item() waits for the device: the loop reads them on logging steps only). `mark(phase)`
-    is called as each phase begins (data, copy, forward, backward, optimizer) and with "done" at the
-    end, for `profile` to time them; training times nothing inside a step."""
+    is called as each phase begins and with "done" at the end, for `profile`; training times nothing."""
     losses = []  # each micro-batch's share of the step's mean loss
     for i in range(cfg.grad_accum_steps):
         mark("data")
@@ -104,8 +103,7 @@ def validate(loop: Loop, val_loader, show: bool) -> bool:
     distributed.broadcast_buffers(loop.engine.model)  # every rank evaluates rank 0's BatchNorm statistics
     metrics = evaluate(loop.engine, val_loader, loop.splits, loop.device)
     loop.run.log(step=state.step, split="val", **metrics)
-    improved = metrics["loss"] < state.best_val_loss
-    if improved:
+    if improved := metrics["loss"] < state.best_val_loss:
         state.best_val_loss, state.best_step, state.evals_since_best = metrics["loss"], state.step, 0
         loop.checkpoints.save_best(payload(loop))
     else:

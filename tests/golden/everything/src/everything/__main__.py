@@ -80,8 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def run_command(args: argparse.Namespace) -> int:
-    """Runs the command that `args` names; its exit status. A command without its entry here fails
-    (a KeyError) rather than run another."""
+    """Runs the command `args` names; one without its entry here fails (KeyError) rather than run another."""
     commands = {
         "train": lambda: train(config_from_args(args))["exit_status"],
         "check": lambda: run_checks(config_from_args(args), args.which),
@@ -100,9 +99,8 @@ def run_command(args: argparse.Namespace) -> int:
 
 
 def check_paths(args: argparse.Namespace) -> None:
-    """Refuses, before anything is written, what only looks like a store URL (s3:/x, s3://, an unknown
-    scheme) and a URL where a local path goes: either would become a local folder named "s3:". A new
-    path option joins URL_PATHS or LOCAL_PATHS."""
+    """Refuses what only looks like a store URL (s3:/x, s3://, an unknown scheme) and a URL where a local
+    path goes: either would become a local folder named "s3:". A new path joins URL_PATHS or LOCAL_PATHS."""
     for name in URL_PATHS + LOCAL_PATHS:
         given = getattr(args, name, None)
         for path in given if isinstance(given, list) else [given]:

@@ -91,7 +91,6 @@ class Config:
         _require(valid, f"device must be cpu, cuda or mps (optionally with an index), got {self.device!r}")
 
 
-# Fields a resumed run must keep (marked with fixed() above): it refuses to continue otherwise.
 RESUME_FIXED = tuple(f.name for f in dataclasses.fields(Config) if f.metadata.get("resume") == "fixed")
 EVAL_EVERY_MIN = 10  # validation steps apart at least when --eval-every is 0 (small tables: a step an epoch)
 EVAL_EVERY_MAX = 200  # validation steps apart at most when --eval-every is 0 (epochs can be long)
@@ -106,12 +105,11 @@ def add_config_arguments(parser: argparse.ArgumentParser) -> None:
     """Adds one --option per Config field, its comment as help, left out of the parsed ones if not given."""
     comments = _field_comments()
     for f in dataclasses.fields(Config):
-        flag = "--" + f.name.replace("_", "-")
         text = f"{comments.get(f.name, '')} (default: {f.default})".replace("%", "%%")
         parsed = {"type": str if f.type == str | None else f.type}
         if f.type is bool:
             parsed = {"action": argparse.BooleanOptionalAction}
-        parser.add_argument(flag, **parsed, default=argparse.SUPPRESS, help=text)
+        parser.add_argument("--" + f.name.replace("_", "-"), **parsed, default=argparse.SUPPRESS, help=text)
 
 
 def _field_comments() -> dict[str, str]:

@@ -1,7 +1,6 @@
 """Tool: diagnose's rules on how the loop ran: waiting for data, the learning-rate schedule (a run
 ended in warmup, a restarted schedule, one that ended early), gradient clipping that always acts, and
-how the run ended (near chance, or stopped early with its loss still high). Each reads a Run and returns
-its findings; the thresholds below say why each value."""
+how the run ended (near chance, or stopped early with its loss still high). Each threshold below says why."""
 
 import itertools
 import math

@@ -135,7 +135,6 @@ def _throughput_sweep(cfg: Config, device: torch.device, step, global_batch: int
 
 
 def _suggestion(cfg: Config, micro_batch: int, global_batch: int | None) -> list[str]:
-    """The options to train with: the batch, the rescaled learning rate, the accumulation."""
     if global_batch is None:
         lr = rescaled_lr(cfg.lr, cfg.batch_size * cfg.grad_accum_steps, micro_batch * cfg.grad_accum_steps)
         return [

@@ -73,8 +73,7 @@ class CheckResult:
 
 
 def first_batches(splits, device: torch.device, size: int, count: int = 1) -> list:
-    """The first `count` batches of `size` training examples, in order, read as the loader reads
-    them (`__getitems__`, or one `dataset[i]` at a time), on the device."""
+    """The first `count` batches of `size` training examples, in order, read as the loader reads them."""
     dataset = EpochDataset(splits.train)
     count = min(count, len(dataset) // size)
     batches = [dataset.__getitems__((0, torch.arange(i * size, (i + 1) * size))) for i in range(count)]
@@ -90,11 +89,8 @@ def check_overfit(cfg: Config) -> CheckResult:
     [(x, y)] = first_batches(splits, device, OVERFIT_EXAMPLES)
 
     compute_loss(engine.model(x), y).backward()
-    no_grad = [
-        name
-        for name, p in engine.model.named_parameters()
-        if p.requires_grad and (p.grad is None or not torch.isfinite(p.grad).all())
-    ]
+    params = engine.model.named_parameters()
+    no_grad = [n for n, p in params if p.requires_grad and (p.grad is None or not p.grad.isfinite().all())]
     engine.optimizer.zero_grad(set_to_none=True)
     if no_grad:
         return CheckResult("overfit", False, f"no finite gradient reaches {', '.join(no_grad)}")
@@ -120,9 +116,8 @@ def check_overfit(cfg: Config) -> CheckResult:
 
 
 def check_batch_independence(cfg: Config) -> CheckResult:
-    """Example i's loss must not depend on example j's input: a reshape or a reduction over the
-    wrong dimension mixes examples, and still trains. Tested with the model in eval mode, so the
-    batch statistics of BatchNorm (a dependence by design) are not counted."""
+    """Example i's loss must not depend on example j's input: a reshape or a reduction over the wrong
+    dimension mixes examples, and still trains. In eval mode: BatchNorm's batch statistics mix by design."""
     device, _ = setup(cfg)
     splits = load_splits(cfg)
     model = Engine(cfg, splits, device).model.eval()
@@ -152,9 +147,8 @@ def check_batch_independence(cfg: Config) -> CheckResult:
 
 def recomputation_drift(cfg: Config, splits, device: torch.device, x, y) -> str | None:
     """With --activation-checkpointing: a training forward and backward with the blocks recomputed,
-    and one keeping them, from the same weights and random state. A block whose recomputation
-    differs (random numbers drawn outside torch, state changed in its forward) trains on wrong
-    gradients: named here, not left to drift."""
+    and one keeping them, from the same weights and random state; a block whose recomputation differs
+    trains on wrong gradients: named here, not left to drift."""
     results = []
     for every in (0, cfg.activation_checkpointing):
         torch.manual_seed(cfg.seed)  # the same weights (one process builds them from the global RNG)
@@ -237,8 +231,7 @@ def check_loader(cfg: Config) -> CheckResult:
 
 
 def run_checks(cfg: Config, which: str) -> int:
-    """Runs one check or all of them; prints their lines (and the summary for `all`); exit code."""
-    # as several processes where the project has them: resume then covers per-rank state
+    """Runs the checks, as several processes where the project has them: resume then covers per-rank state."""
     return run_as_processes(2, lambda: _run(cfg, which))
 
 
@@ -297,8 +290,7 @@ def _run(cfg: Config, which: str) -> int:
 
 
 def _run_each(checks: dict, main: bool) -> dict[str, CheckResult]:
-    """Runs `checks` in order; rank 0 prints each one's line, and on stderr what it is doing as it
-    starts and how long it took."""
+    """Runs `checks` in order; rank 0 prints each one's line, and on stderr what it does and for how long."""
     results = {}
     for name, check in checks.items():
         started = time.perf_counter()
@@ -312,8 +304,7 @@ def _run_each(checks: dict, main: bool) -> dict[str, CheckResult]:
 
 
 def _lock(work: Path, main: bool) -> RunLock | None:
-    """Rank 0's lock on the check folder (held until the checks end, or the process does); every
-    rank refuses together when another check holds it."""
+    """Rank 0's lock on the check folder, to the checks' end; every rank refuses if another check holds it."""
     lock, busy = None, None
     if main:
         try:

@@ -45,8 +45,7 @@ def issues_fixed(before: Run, found_before: list[Finding], after: Run, found_aft
     Only a run that ran its course fixes one: in a run stopped early, it may not have shown yet."""
     if unfinished(after):
         return []
-    still = {f.name for f in found_after}
-    fix = config_change(before, after)
+    still, fix = {f.name for f in found_after}, config_change(before, after)
     return [
         f"**Issues fixed:** {f.name} in {before.name} -> {f.evidence} -> {fix} (gone in {after.name})"
         for f in found_before

@@ -1,6 +1,5 @@
-"""Tool: what diagnose reads and what it reports: a finished run read back from its folder, and a
-finding with the first checks the training rules give for it. The rules that find them are in
-loss_findings.py (the loss curves) and loop_findings.py (loading, the schedule, clipping)."""
+"""Tool: what diagnose reads and reports: a finished run read back from its folder, and a finding with the
+first checks the training rules give for it; the rules are in loss_findings.py and loop_findings.py."""
 
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +74,7 @@ class Run:
 def load_run(run_dir: str) -> Run:
     path = Path(run_dir)
     try:
-        record = read_record(path)
-        metrics = read_metrics(path)
+        record, metrics = read_record(path), read_metrics(path)
     except RunRecordError as error:
         raise DiagnoseError(str(error)) from None
     train, val = ([r for r in metrics if r["split"] == split] for split in ("train", "val"))

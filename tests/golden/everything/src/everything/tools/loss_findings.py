@@ -1,6 +1,5 @@
 """Tool: diagnose's rules on the loss curves: NaN or Inf, a flat loss, overfitting, validation far
-better than train (and the split leak it may come from), spikes. Each reads a Run and returns its
-findings; the thresholds below say why each value."""
+better than train (and the split leak it may come from), spikes. Each threshold below says why."""
 
 import hashlib
 import math
@@ -78,7 +77,6 @@ def find_flat(run: Run) -> list[Finding]:
 
 
 def _train_near(run: Run, step: int) -> float:
-    """Mean train loss of the ENDS records up to `step`."""
     before = [r for r in _finite(run.train) if r["step"] <= step][-ENDS:]
     return _mean_loss(before) if before else math.nan
 

@@ -3,8 +3,7 @@
     python -m everything profile  # the default model and data
     python -m everything profile --batch-size 256  # any train option
 
-Real training steps of a fresh model, built as `train` builds it (the run folder is untouched),
-in three passes after a warm-up:
+Real training steps on a fresh model (no run folder is written), in three passes after a warm-up:
 1. the split: each phase of a step (data wait, host-to-device copy, forward, backward, optimizer)
    timed with the device synchronised as it ends, beside the step's own time;
 2. one torch.profiler window (wait, warm-up, active steps): the top operators and a Chrome trace;
@@ -91,7 +90,6 @@ def profile(cfg: Config, output: str) -> str:
 
 
 def verdict(data_share: float) -> str:
-    """The rules' first speed step: fix data loading before anything else."""
     if data_share > LOADER_WARN_SHARE:
         return (
             f"verdict: loader-bound: waiting for data is {data_share:.1%} of a step (over "
@@ -103,8 +101,7 @@ def verdict(data_share: float) -> str:
 def step_flops(engine: Engine, batches, cfg: Config, device: torch.device) -> int:
     """The FLOPs of one step's forward and backward passes, counted on the plain model (compiled graphs
     would hide the operators from the counter); the gradients are discarded, the optimizer takes no step."""
-    counter = FlopCounterMode(display=False)
-    with counter:
+    with FlopCounterMode(display=False) as counter:
         for _ in range(cfg.grad_accum_steps):
             x, y = (t.to(device) for t in next(batches))
             compute_loss(engine.model(x), y).backward()
@@ -113,8 +110,7 @@ def step_flops(engine: Engine, batches, cfg: Config, device: torch.device) -> in
 
 
 def operators(engine: Engine, batches, cfg: Config, device: torch.device, output: Path) -> tuple[str, Path]:
-    """One torch.profiler window over training steps: its top operators by self time, and the
-    Chrome trace written under `output` (for chrome://tracing, ui.perfetto.dev)."""
+    """One torch.profiler window: its top operators by self time, its Chrome trace (ui.perfetto.dev)."""
     activities, sort = profiler_view(device)
     trace = output / "trace.json"
     trace.parent.mkdir(parents=True, exist_ok=True)

@@ -53,8 +53,7 @@ def plot(run_dirs: list[str], output: str) -> Path:
 
 
 def report(run_dir: str, since: str | None = None) -> str:
-    """The summary lines: what ran, whether its checks passed, how fast, its best validation, and
-    what `diagnose` finds (with `since`, an earlier run: the issues this one no longer shows)."""
+    """The Run, Sanity, Throughput, Results and Issues lines; with `since`, an earlier run: what got fixed."""
     try:
         run = load_run(run_dir)
         before = load_run(since) if since else None

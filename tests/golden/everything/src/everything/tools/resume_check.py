@@ -22,10 +22,9 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
     """Trains 2N steps with a checkpoint at N, resumes a copy from that checkpoint, compares. The data
     is cut to a few batches an epoch so that N falls mid-epoch with an epoch boundary and validations
     before 2N, loader workers on; the records must show all of that, so every piece of state is exercised."""
-    splits = load_splits(cfg)
     # 3k + 1 micro-batches an epoch for k of them a step: checkpoints then fall mid-epoch.
     per_batch = cfg.batch_size * init_distributed(torch.device(cfg.device).type).world_size
-    micro_per_epoch = min(training_examples(splits, cfg) // per_batch, 3 * cfg.grad_accum_steps + 1)
+    micro_per_epoch = min(training_examples(load_splits(cfg), cfg) // per_batch, 3 * cfg.grad_accum_steps + 1)
     n, mid_epoch_possible = _resume_point(micro_per_epoch, cfg.grad_accum_steps)
     base = replace(
         cfg,
@@ -41,8 +40,7 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
         num_workers=max(1, cfg.num_workers),
         deterministic=True,
     )
-    first, second = _train_then_resume(base, work, n)
-    same, covered, detail = _compare(first, second, n, mid_epoch_possible)
+    same, covered, detail = _compare(*_train_then_resume(base, work, n), n, mid_epoch_possible)
     if not mid_epoch_possible:  # one micro-batch an epoch, or steps of whole epochs
         detail += f"; no step ends mid-epoch ({micro_per_epoch} micro-batches an epoch, "
         detail += f"{cfg.grad_accum_steps} a step)"
@@ -87,9 +85,8 @@ def _train_then_resume(base: Config, work: Path, n: int) -> tuple[Path, Path]:
 
 
 def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tuple[bool, bool, str]:
-    """Whether the resumed run's steps N+1 to 2N, validations and final model and optimizer equal the
-    uninterrupted run's; whether they covered a mid-epoch checkpoint, an epoch boundary and a validation;
-    and the numbers behind both."""
+    """Whether the resumed run's steps N+1 to 2N, validations and final state equal the uninterrupted
+    run's; whether they covered a mid-epoch checkpoint, an epoch boundary and a validation; and why."""
 
     def losses(run: Path, split: str, after: int = 0) -> list[float]:
         return [r["loss"] for r in read_metrics(run) if r["split"] == split and r["step"] > after]
@@ -102,12 +99,11 @@ def _compare(first: Path, second: Path, n: int, mid_epoch_possible: bool) -> tup
     equal = sum(x == y for x, y in zip(expected[n:], got[n:], strict=False))
     at_n = load(second / "checkpoints" / step_name(n))["state"]
     crossed = b["state"]["epoch"] - at_n["epoch"]
-    where = f"micro-batch {at_n['batch_in_epoch']} of epoch {at_n['epoch']}"
     covered = crossed > 0 and len(val_got) > 0 and (at_n["batch_in_epoch"] > 0 or not mid_epoch_possible)
     detail = (
-        f"checkpoint at step {n} of {2 * n} ({where}), then {crossed} epoch boundaries and "
-        f"{len(val_got)} validations; losses of steps {n + 1}-{2 * n}: {equal}/{n} equal, "
-        f"validation losses {'equal' if val_got == val_expected else 'DIFFER'}; "
+        f"checkpoint at step {n} of {2 * n} (micro-batch {at_n['batch_in_epoch']} of epoch {at_n['epoch']}), "
+        f"then {crossed} epoch boundaries and {len(val_got)} validations; losses of steps {n + 1}-{2 * n}: "
+        f"{equal}/{n} equal, validation losses {'equal' if val_got == val_expected else 'DIFFER'}; "
         f"{len(got)} train records for {2 * n} steps; final model and optimizer "
         + ("equal" if same_state else "DIFFER")
     )
