@@ -110,7 +110,8 @@ def step_flops(engine: Engine, batches, cfg: Config, device: torch.device) -> in
 
 
 def operators(engine: Engine, batches, cfg: Config, device: torch.device, output: Path) -> tuple[str, Path]:
-    """One torch.profiler window: its top operators by self time, its Chrome trace (ui.perfetto.dev)."""
+    """One torch.profiler window: its top operators by self time, and its Chrome trace
+    (ui.perfetto.dev)."""
     activities, sort = profiler_view(device)
     trace = output / "trace.json"
     trace.parent.mkdir(parents=True, exist_ok=True)
