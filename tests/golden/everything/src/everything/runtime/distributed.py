@@ -16,6 +16,7 @@ import contextlib
 import ctypes
 import errno
 import json
+import multiprocessing
 import os
 import secrets
 import signal
@@ -82,7 +83,9 @@ def init_distributed(device_type: str) -> Dist:
 # Loader workers start from a server process, not forked from this one: the process group's threads
 # take Python's thread-state lock, and a fork while one held it deadlocked the worker for good
 # (CPython gh-112275, in 3.11.7 and before: a validation's loader never started, in 2 of 2 CI runs).
-WORKER_START = "forkserver"
+# The server imports the data module (and torch) once: each worker then starts without importing them.
+WORKER_START = multiprocessing.get_context("forkserver")
+WORKER_START.set_forkserver_preload([f"{__package__.rpartition('.')[0]}.data"])
 PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h): a signal for when the parent dies
 
 
