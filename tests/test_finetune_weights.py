@@ -273,3 +273,16 @@ def test_under_torchrun_every_rank_starts_from_the_weights(tmp_path, distributed
     if distributed == "fsdp":
         two = _train(project, "runs/from-folder", 16, 2, "--init-from", checkpoint)
         assert f"weights: {len(state)} tensors from {checkpoint}" in two.stdout
+
+
+def test_check_init_compares_the_loaded_weights_with_a_fresh_model(project, source):
+    """Trained weights start below a fresh model's validation loss; weights that make it worse (the
+    head turned against the labels) are the finding "did not load as intended", exit 1."""
+    done = run(project, "check", "init", "--init-from", "source.safetensors", *TINY)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "init: PASS: validation loss with --init-from" in done.stdout
+    state = torch.load(project / "source.pt", weights_only=True)
+    torch.save({**state, "head.weight": state["head.weight"] * -20}, project / "against.pt")
+    done = run(project, "check", "init", "--init-from", "against.pt", *TINY)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "not below: the weights did not load as intended" in done.stdout
