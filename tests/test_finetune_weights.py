@@ -162,7 +162,10 @@ def test_another_head_is_re_initialised_said_and_recorded(project, source):
             lambda s: {**s, "body.0.0.bias": s["body.0.0.bias"] * float("nan")},
             "NaN or inf in 1 tensors",
         ),
-        (lambda s: {"state": {}, "param_groups": []}, "2 of its entries are not tensors"),
+        (
+            lambda s: {"state": {}, "param_groups": []},
+            "2 of its entries are not tensors (state, param_groups; an optimizer's state_dict)",
+        ),
     ],
     ids=["missing", "unexpected", "shape", "float64", "nan", "optimizer"],
 )
