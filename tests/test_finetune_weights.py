@@ -289,3 +289,39 @@ def test_check_init_compares_the_loaded_weights_with_a_fresh_model(project, sour
     done = run(project, "check", "init", "--init-from", "against.pt", *TINY)
     assert done.returncode == 1, done.stdout + done.stderr
     assert "not below: the weights did not load as intended" in done.stdout
+
+
+def test_export_writes_tied_weights_to_safetensors(project):
+    """Safetensors refuses tensors that share memory (a language model's embedding and output
+    layer): export's writer gives each name after the first its own copy, equal in value."""
+    code = (
+        "import sys, torch\n"
+        "from pathlib import Path\n"
+        "from safetensors.torch import load_file\n"
+        "from ft_demo.runtime.checkpoint import save_safetensors\n"
+        "wte = torch.randn(5, 3)\n"
+        "save_safetensors({'wte.weight': wte, 'lm_head.weight': wte}, Path('tied.safetensors'))\n"
+        "back = load_file('tied.safetensors')\n"
+        "assert torch.equal(back['wte.weight'], wte) and torch.equal(back['lm_head.weight'], wte)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], cwd=project, env=_env(project), capture_output=True
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_checkpoint_on_a_store_is_fetched_and_loaded(project, source, tmp_path):
+    """RUN_URL/checkpoints/best.pt, as `export` and `sample` take it (a file:// store here)."""
+    url = f"file://{tmp_path}/store/run"
+    assert run(project, "train", "--run-dir", url, "--max-steps", "4", *TINY).returncode == 0
+    best = f"{url}/checkpoints/best.pt"
+    done = run(
+        project, "train", "--run-dir", "runs/url", "--init-from", best, "--max-steps", "4", *TINY
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"weights: 10 tensors from {best}" in done.stdout
+    gone = f"{url}x/checkpoints/best.pt"
+    missing = run(
+        project, "train", "--run-dir", "runs/no", "--init-from", gone, "--max-steps", "4", *TINY
+    )
+    assert missing.returncode == 2 and "no complete checkpoint in" in missing.stderr, missing.stderr
