@@ -293,7 +293,7 @@ def test_check_init_compares_the_loaded_weights_with_a_fresh_model(project, sour
 
 def test_export_writes_tied_weights_to_safetensors(project):
     """Safetensors refuses tensors that share memory (a language model's embedding and output
-    layer): export's writer gives each name after the first its own copy, equal in value."""
+    layer, views of a fused tensor): export's writer gives each its own copy, equal in value."""
     code = (
         "import sys, torch\n"
         "from pathlib import Path\n"
@@ -303,6 +303,10 @@ def test_export_writes_tied_weights_to_safetensors(project):
         "save_safetensors({'wte.weight': wte, 'lm_head.weight': wte}, Path('tied.safetensors'))\n"
         "back = load_file('tied.safetensors')\n"
         "assert torch.equal(back['wte.weight'], wte) and torch.equal(back['lm_head.weight'], wte)\n"
+        "qkv = torch.randn(6, 3)\n"  # views of one fused tensor share its memory too
+        "save_safetensors({'q': qkv[:3], 'k': qkv[3:]}, Path('fused.safetensors'))\n"
+        "back = load_file('fused.safetensors')\n"
+        "assert torch.equal(back['q'], qkv[:3]) and torch.equal(back['k'], qkv[3:])\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", code], cwd=project, env=_env(project), capture_output=True

@@ -314,12 +314,13 @@ def export(checkpoint: Path, out: Path) -> Path:
 def save_safetensors(tensors: dict[str, torch.Tensor], target: Path) -> None:
     """`tensors` as a .safetensors file (for `train --init-from` and other tools), written under a
     temporary name and renamed. Safetensors refuses tensors that share memory (tied weights, as a
-    language model's embedding and output layer): each name after the first gets its own copy."""
+    language model's embedding and output layer, or views of one fused tensor): each tensor of a
+    storage already written gets its own copy."""
     seen, own = set(), {}
     for name, t in tensors.items():
-        key = (t.untyped_storage().data_ptr(), t.storage_offset())
-        own[name] = t.contiguous() if key not in seen else t.clone().contiguous()
-        seen.add(key)
+        storage = t.untyped_storage().data_ptr()
+        own[name] = t.clone(memory_format=torch.contiguous_format) if storage in seen else t.contiguous()
+        seen.add(storage)
     tmp = target.with_name(f".{target.name}.tmp")
     try:
         save_file(own, tmp)
