@@ -227,3 +227,72 @@ print(json.dumps([cfg(), cfg("--arch", "ARCH"), cfg("--arch", "ARCH", "--KEY", "
         assert done.returncode == 2
         refused = f"error: arch must be {default['arch']} or {arch}, got 'gpt3'"
         assert done.stderr.strip().splitlines() == [refused]
+
+
+def gpt2_like_tokenizer(path: Path, text: str) -> Path:
+    """A tokenizer.json of GPT-2's form (a byte-level BPE, <|endoftext|> its last id), learnt from
+    `text`: GPT-2's own file is a download away, and `prepare` reads any of this form alike."""
+    tokenizers = pytest.importorskip("tokenizers")
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = tokenizers.decoders.ByteLevel()
+    alphabet = tokenizers.pre_tokenizers.ByteLevel.alphabet()
+    trainer = tokenizers.trainers.BpeTrainer(vocab_size=400, initial_alphabet=alphabet)
+    tokenizer.train_from_iterator([text], trainer)
+    tokenizer.add_special_tokens(["<|endoftext|>"])
+    tokenizer.save(str(path))
+    return path
+
+
+def test_prepare_takes_a_hugging_face_tokenizer_json_and_gpt2_settings_train_on_it(generation):
+    package = next((generation / "src").iterdir()).name
+    code = f"from {package}.data import synthetic_text; print(synthetic_text(300), end='')"
+    done = subprocess.run([sys.executable, "-c", code], env=_env(generation), capture_output=True)
+    (generation / "corpus.txt").write_bytes(done.stdout)
+    tokenizer = gpt2_like_tokenizer(generation / "gpt2-tokenizer.json", done.stdout.decode())
+    done = run(
+        generation, "prepare", "--data", "corpus.txt", "--tokenizer", tokenizer, "--out", "c"
+    )
+    assert done.returncode == 0, done.stderr
+    meta = json.loads((generation / "c/meta.json").read_text())
+    given = json.loads(tokenizer.read_text())
+    assert meta["tokenizer"] == "bpe" and meta["vocab_size"] == len(given["model"]["vocab"]) + 1
+    kept = json.loads((generation / "c/tokenizer.json").read_text())
+    assert kept["model"]["vocab"] == given["model"]["vocab"]  # its ids, no merges learnt here
+    assert kept["model"]["merges"] == given["model"]["merges"]
+
+    small = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16"]
+    small += ["--max-steps", "3", "--batch-size", "4", "--eval-every", "3", "--run-dir", "runs/g"]
+    done = run(generation, "train", "--data", "c", "--arch", "gpt2", *small)
+    assert done.returncode == 0, done.stderr
+
+
+def test_a_tokenizer_json_that_cannot_serve_is_refused_in_one_line(generation, tmp_path):
+    tokenizers = pytest.importorskip("tokenizers")
+    wordpiece = tokenizers.Tokenizer(tokenizers.models.WordPiece({"[UNK]": 0, "a": 1}))
+    wordpiece.save(str(tmp_path / "wordpiece.json"))
+    no_eot = gpt2_like_tokenizer(tmp_path / "no-eot.json", "the sea and the sky " * 20)
+    spec = json.loads(no_eot.read_text())
+    spec["added_tokens"] = []
+    no_eot.write_text(json.dumps(spec))
+    chars = json.loads(no_eot.read_text()) | {"decoder": None}
+    (tmp_path / "chars.json").write_text(json.dumps(chars))
+    (tmp_path / "broken.json").write_text("{not json")
+    (generation / "small.txt").write_text("the sea and the sky\n" * 50)
+    for given, says in (
+        (
+            "wordpiece",
+            "--tokenizer must be char, byte, bpe or a tokenizer.json file, got 'wordpiece'",
+        ),
+        (tmp_path / "missing.json", "not a readable tokenizer.json"),
+        (tmp_path / "broken.json", "not a readable tokenizer.json"),
+        (tmp_path / "wordpiece.json", "not a BPE tokenizer.json (as GPT-2's)"),
+        (tmp_path / "chars.json", "a BPE over characters, not bytes (as GPT-2's)"),
+        (no_eot, "no <|endoftext|> token to end documents with"),
+    ):
+        out = tmp_path / "out"
+        done = run(generation, "prepare", "--data", "small.txt", "--tokenizer", given, "--out", out)
+        assert done.returncode == 2, (given, done.stderr)
+        lines = done.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith("error: ") and says in lines[0], lines
+        assert not out.exists()
