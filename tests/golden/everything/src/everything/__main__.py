@@ -116,6 +116,7 @@ def export_weights(checkpoint: str | None, out: str | None) -> None:
     default = Path(checkpoint).name if checkpoint and is_url(checkpoint) else local  # a URL's: written here
     written = export(Path(local), Path(out or f"{default}.model.pt"))
     print(f"wrote {written}: load it with torch.load(weights_only=True)")
+    print(f"wrote {written.with_suffix('.safetensors')}: for train --init-from, and other tools")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -65,6 +65,10 @@ class Config:
     upload_retry_minutes: float = 5.0  # a URL --run-dir whose store is away this long stops at a checkpoint
     tracking_uri: str | None = None  # an MLflow server or database; None: a file store in run_dir/mlruns
     seed: int = fixed(0)  # seeds Python, NumPy and torch; with the epoch, fixes the sample order
+    # Weights to start from: a checkpoint (a run's best or step-N, local or RUN_URL/checkpoints/NAME),
+    # a state_dict .pt (what `export` writes) or a .safetensors file. Read at a fresh start only: a
+    # resume takes its own checkpoint (give the same --init-from: a resume keeps it).
+    init_from: str | None = fixed(None)
     device: str = "cuda"  # where training runs (--device overrides it: --device cpu runs anywhere)
     compile: bool = True  # torch.compile the model (the first steps are slow while it compiles)
     deterministic: bool = False  # bit-exact runs: deterministic kernels and one CPU thread

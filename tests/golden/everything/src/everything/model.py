@@ -63,6 +63,19 @@ def build_model(cfg: Config, splits: Splits) -> nn.Module:
     return model(splits.train.inputs.shape[1], cfg.hidden_dim, cfg.n_layers, cfg.dropout)
 
 
+# --init-from: the output layer's module names, kept freshly initialised where the weights given
+# have another shape; every other parameter and buffer must load, or the run refuses. Each example
+# model predicts one value, so none is named: name yours (("head",), say) to fine-tune it onto
+# another number of outputs.
+HEAD: tuple[str, ...] = ()
+
+
+def from_published(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """--init-from's weights renamed into this model's layout: edit it to read another layout (a
+    published model's names and shapes). This model's own layout is returned as it is."""
+    return state
+
+
 def repeated_blocks(model: nn.Module) -> list[nn.Module]:
     """The blocks that --activation-checkpointing recomputes in the backward pass: the hidden layers
     of each mlp() (all but its output layer). A model of your own names its repeated blocks here."""

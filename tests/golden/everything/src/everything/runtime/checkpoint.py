@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
@@ -304,8 +305,28 @@ def _first_failure(error: dcp.api.CheckpointException) -> str:
 def export(checkpoint: Path, out: Path) -> Path:
     """The model's weights of a checkpoint folder, whole, as one plain state_dict file: on one
     process, `model.load_state_dict(torch.load(out, weights_only=True))`."""
-    _write_file(load(checkpoint)["model"], out)
+    model = load(checkpoint)["model"]
+    _write_file(model, out)
+    save_safetensors(model, out.with_suffix(".safetensors"))  # what --init-from reads, and other tools
     return out
+
+
+def save_safetensors(tensors: dict[str, torch.Tensor], target: Path) -> None:
+    """`tensors` as a .safetensors file (for `train --init-from` and other tools), written under a
+    temporary name and renamed. Safetensors refuses tensors that share memory (tied weights, as a
+    language model's embedding and output layer): each name after the first gets its own copy."""
+    seen, own = set(), {}
+    for name, t in tensors.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset())
+        own[name] = t.contiguous() if key not in seen else t.clone().contiguous()
+        seen.add(key)
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        save_file(own, tmp)
+        os.replace(tmp, target)
+    except OSError as error:
+        tmp.unlink(missing_ok=True)
+        raise CheckpointError(f"cannot write {target}: {error.strerror}") from None
 
 
 def _fsync(path: Path) -> None:

@@ -31,7 +31,12 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -213,6 +218,14 @@ def broadcast_buffers(module: torch.nn.Module) -> None:
     evaluates one model, the same after a resume as without one."""
     for buffer in module.buffers():
         dist.broadcast(buffer, src=0)
+
+
+def load_whole_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """--init-from's weights, whole on rank 0 (`state`, which weights.py checked; {} on the others),
+    into every rank's shards: sent tensor by tensor, so no rank holds a second whole copy.
+    The keys it leaves out (a head kept freshly initialised) keep each rank's values."""
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(model, state, options=options)
 
 
 def all_gather(value: object) -> list:

@@ -18,6 +18,7 @@ from .engine import PRECISION
 from .records import RunRecordError, read_metrics, read_record
 from .runlog import run_record, source_files
 from .state import Loop, TrainState
+from .weights import init_weights
 
 
 def restore_run(loop: Loop) -> dict | None:
@@ -34,6 +35,8 @@ def restore_run(loop: Loop) -> dict | None:
                 f"starting over at step 0: {cfg.run_dir} holds no step checkpoint (its run stopped at step"
                 f" {reached_step(run_dir)}, before its first): its run.json and metrics.jsonl are replaced"
             )
+        if cfg.init_from:  # a fresh start only: a resume's weights are its checkpoint's
+            record["init_from"] = init_weights(loop.engine.model, cfg.init_from, say)
         loop.run.start(record)
         loop.state = TrainState(schedule_steps=cfg.max_steps)
         return None
