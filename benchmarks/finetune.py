@@ -23,9 +23,13 @@ scratch run took to reach it (validations every --eval-every steps: that is the 
   both prepared with `--tokenizer byte`: one vocabulary, so every weight loads and nothing is
   re-initialised. A 2-layer, 96-wide model over 64-byte windows, to fit a shared CPU.
 - image: scikit-learn's handwritten digits (1,797 8x8 images), digits 0-5 for pretraining and
-  digits 6-9 (719 images, none of them seen) for the fine-tune, written as PNG class folders: the
+  digits 6-9 (714 images, none of them seen) for the fine-tune, written as PNG class folders: the
   classifier of 6 classes is re-initialised for 4 (the model's HEAD), the rest loads. The
-  project's ResNet at its defaults, over 16x16 inputs (the digits are 8x8).
+  fine-tune has few labels, where starting from weights pays: 40 training images (about 10 a
+  digit, --max-train-examples), validated on the same 143 held-out images in both runs. The
+  project's ResNet at its defaults, over 16x16 inputs (the digits are 8x8). On all 571 training
+  images both runs reach accuracy 1.00 and a validation loss near 0.01 within 200 steps, and the
+  difference between them is noise (measured: scratch 0.0125 at step 190, fine-tune 0.0144).
 """
 
 from __future__ import annotations
@@ -51,19 +55,22 @@ from scaffold.render import new_project
 SEED = 0
 TARGET = 0.25  # of the scratch run's steps to its best: the fine-tune must reach it within these
 
-# task: (pretraining steps, steps of each run on the second set, options of every run)
+# task: (pretraining steps, steps of each run on the second set, options of every run, options
+# of the runs on the second set)
 SETTINGS = {
     "generation": (
         600,
         400,
         "--n-layer 2 --n-head 4 --n-embd 96 --block-size 64 --batch-size 16 --warmup-steps 20"
         " --eval-every 20 --patience 0 --num-workers 0",
+        "",
     ),
     "image": (
         200,
-        200,
-        "--image-size 16 --no-flip --val-fraction 0.2 --batch-size 64 --warmup-steps 20"
-        " --eval-every 10 --patience 0 --num-workers 1",
+        150,
+        "--image-size 16 --no-flip --val-fraction 0.2 --warmup-steps 20 --eval-every 10"
+        " --patience 0 --num-workers 1",
+        "--max-train-examples 40 --batch-size 32",
     ),
 }
 
@@ -155,14 +162,15 @@ def measure(task: str, work: Path, threads: int) -> dict:
     env["MKL_NUM_THREADS"] = str(threads)
     log: list[str] = []
     first, second, described = data_sets(task, work, project, pkg, env, log)
-    pre_steps, steps, options = SETTINGS[task]
+    pre_steps, steps, options, second_options = SETTINGS[task]
     train = [sys.executable, "-m", pkg, "train", *shlex.split(options), "--seed", str(SEED)]
 
     pretrained = work / f"{task}-pretrain"
     pretrain = [*train, "--data", str(first), "--max-steps", str(pre_steps)]
     run([*pretrain, "--run-dir", str(pretrained)], project, env, log)
     checkpoint = pretrained / "checkpoints" / "best.pt"
-    on_second = [*train, "--data", str(second), "--max-steps", str(steps)]
+    on_second = [*train, *shlex.split(second_options), "--data", str(second)]
+    on_second += ["--max-steps", str(steps)]
     run([*on_second, "--run-dir", str(work / f"{task}-scratch")], project, env, log)
     tune = [*on_second, "--run-dir", str(work / f"{task}-finetune"), "--init-from", str(checkpoint)]
     said = run(tune, project, env, log)

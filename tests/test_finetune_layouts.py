@@ -261,10 +261,48 @@ def test_prepare_takes_a_hugging_face_tokenizer_json_and_gpt2_settings_train_on_
     assert kept["model"]["vocab"] == given["model"]["vocab"]  # its ids, no merges learnt here
     assert kept["model"]["merges"] == given["model"]["merges"]
 
+    # transformers' GPT-2 of this vocabulary, saved as Hugging Face saves it: every tensor loads
+    code = """
+from transformers import GPT2Config, GPT2LMHeadModel
+config = GPT2Config(vocab_size=VOCAB, n_positions=16, n_embd=32, n_layer=1, n_head=2)
+GPT2LMHeadModel(config).save_pretrained("hf-gpt2")
+"""
+    code = code.replace("VOCAB", str(meta["vocab_size"]))
+    saved = subprocess.run([sys.executable, "-c", code], cwd=generation, capture_output=True)
+    assert saved.returncode == 0, saved.stderr
     small = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16"]
     small += ["--max-steps", "3", "--batch-size", "4", "--eval-every", "3", "--run-dir", "runs/g"]
-    done = run(generation, "train", "--data", "c", "--arch", "gpt2", *small)
+    source = "hf-gpt2/model.safetensors"
+    done = run(generation, "train", "--data", "c", "--arch", "gpt2", *small, "--init-from", source)
     assert done.returncode == 0, done.stderr
+    said = [line for line in (done.stdout + done.stderr).splitlines() if "weights:" in line]
+    assert len(said) == 1 and f"weights: 17 tensors from {source}" in said[0], said  # all
+    record = json.loads((generation / "runs/g/run.json").read_text())["init_from"]
+    assert record["source"] == source and record["reinitialised"] == []
+
+
+def test_torchvision_resnet18_weights_load_with_the_classifier_re_initialised(image):
+    """A torchvision-named ResNet-18 file (1,000 classes) read by --init-from's loader into the
+    model at --arch resnet18 (4 classes): all but the classifier loads; the classifier, of another
+    number of classes, is re-initialised and said (the loader's own path, without training: a
+    ResNet-18 run's checkpoints take most of a minute to write here)."""
+    shapes = torchvision_resnet18_shapes()
+    code = f"""import json, torch
+from {{pkg}}.config import Config
+from {{pkg}}.model import build_model
+from {{pkg}}.runtime.weights import prepare
+tensors = {{k: torch.zeros(s, dtype=torch.long if not s else None) for k, s in {shapes!r}.items()}}
+torch.save(tensors, "r18.pth")
+splits = type("Splits", (), {{"classes": list("abcd"), "mean": [0.5] * 3, "std": [0.25] * 3}})()
+model = build_model(Config(arch="resnet18", width=64, blocks=2), splits)
+state, record, lines = prepare("r18.pth", model.state_dict())
+print(json.dumps({{"lines": lines, "reinitialised": record["reinitialised"], "n": len(state)}}))
+"""
+    got = python(image, code)
+    assert got["n"] == len(shapes) - 2 + 2  # the classifier left out, ImageNet's mean and std in
+    assert got["lines"][0].startswith(f"weights: {got['n']} tensors from r18.pth")
+    assert "re-initialised, not loaded (model.HEAD): head.weight" in got["lines"][1]
+    assert got["reinitialised"] == ["head.weight", "head.bias"]
 
 
 def test_a_tokenizer_json_that_cannot_serve_is_refused_in_one_line(generation, tmp_path):
