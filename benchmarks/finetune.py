@@ -59,7 +59,7 @@ TARGET = 0.25  # of the scratch run's steps to its best: the fine-tune must reac
 # of the runs on the second set)
 SETTINGS = {
     "generation": (
-        600,
+        1500,
         400,
         "--n-layer 2 --n-head 4 --n-embd 96 --block-size 64 --batch-size 16 --warmup-steps 20"
         " --eval-every 20 --patience 0 --num-workers 0",
@@ -140,21 +140,24 @@ def data_sets(task: str, work: Path, project: Path, pkg: str, env: dict, log: li
     """The pretraining and the fine-tuning data as `train --data` takes them, and what they are."""
     if task == "image":
         first, second = work / "digits-0-5", work / "digits-6-9"
+        for folder in (first, second):
+            shutil.rmtree(folder, ignore_errors=True)
         return first, second, [write_digits(first, range(6)), write_digits(second, range(6, 10))]
     kjv, reference = work / "kjv.txt", work / "python-reference.txt"
     described = [write_kjv(kjv), write_python_reference(reference)]
     prepared = []
     for text, held_out in ((kjv, "0.02"), (reference, "0.1")):
         out = work / f"{text.stem}-byte"
+        shutil.rmtree(out, ignore_errors=True)
         command = [sys.executable, "-m", pkg, "prepare", "--data", str(text), "--tokenizer", "byte"]
         run([*command, "--val-fraction", held_out, "--out", str(out)], project, env, log)
         prepared.append(out)
     return prepared[0], prepared[1], described
 
 
-def measure(task: str, work: Path, threads: int) -> dict:
+def measure(task: str, work: Path, threads: int, pretrain_steps: int | None) -> dict:
     project = work / f"finetune-{task}"
-    for stale in (project, *work.glob(f"{task}-*"), *work.glob("digits-*"), *work.glob("*-byte")):
+    for stale in (project, *work.glob(f"{task}-*")):
         shutil.rmtree(stale, ignore_errors=True)  # of a --keep folder reused: a run folder resumes
     new_project(project, {"task": task, "finetune": True}, git=False)
     (pkg,) = [p.name for p in (project / "src").iterdir() if (p / "__main__.py").is_file()]
@@ -163,6 +166,7 @@ def measure(task: str, work: Path, threads: int) -> dict:
     log: list[str] = []
     first, second, described = data_sets(task, work, project, pkg, env, log)
     pre_steps, steps, options, second_options = SETTINGS[task]
+    pre_steps = pretrain_steps or pre_steps
     train = [sys.executable, "-m", pkg, "train", *shlex.split(options), "--seed", str(SEED)]
 
     pretrained = work / f"{task}-pretrain"
@@ -181,6 +185,7 @@ def measure(task: str, work: Path, threads: int) -> dict:
     return {
         "task": task,
         "data": described,
+        "pretrain_steps": pre_steps,
         "pretrain_best_loss": min(loss for _, loss in validations(pretrained)),
         "scratch_best_loss": best_loss,
         "scratch_best_step": best_step,
@@ -209,7 +214,9 @@ def print_table(results: list[dict]) -> None:
     for r in results:
         print(f"\n{r['task']}: pretrained on {r['data'][0]}; fine-tuned on {r['data'][1]}")
         step, loss = r["finetune_first_val"]
-        pretrained = f"pretrain best val {r['pretrain_best_loss']:.4f}"
+        pretrained = (
+            f"pretrain best val {r['pretrain_best_loss']:.4f} ({r['pretrain_steps']} steps)"
+        )
         print(f"  {pretrained}; fine-tune's first val {loss:.4f} (step {step})")
         for line in r["reinitialised"] or ["  nothing re-initialised"]:
             print(f"  {line.strip()}")
@@ -219,13 +226,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", nargs="+", default=list(SETTINGS), choices=list(SETTINGS))
     parser.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each run")
+    parser.add_argument("--pretrain-steps", type=int, help="of each task (default: SETTINGS')")
     parser.add_argument("--json", type=Path, help="the results, commands included, written here")
     parser.add_argument("--keep", type=Path, help="work and keep the runs here (default: tmp)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="finetune-") as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        results = [measure(task, work, args.threads) for task in args.tasks]
+        results = [measure(task, work, args.threads, args.pretrain_steps) for task in args.tasks]
     print_table(results)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
