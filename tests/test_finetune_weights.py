@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_project import _env, run
+from test_ddp import SMALL, _env_ddp, _torchrun
+from test_project import _env, records, run
 
 from scaffold.render import new_project
 
@@ -138,6 +139,10 @@ def test_another_head_is_re_initialised_said_and_recorded(project, source):
         "sha256": digest,
         "reinitialised": ["head.weight", "head.bias"],
     }
+    shown = run(project, "report", "runs/other")
+    assert shown.returncode == 0, shown.stderr
+    kept = "re-initialised (model.HEAD): head.weight, head.bias"
+    assert f"**Weights:** other_head.pt (sha256 {digest[:12]}); {kept}" in shown.stdout.splitlines()
 
 
 @pytest.mark.parametrize(
@@ -157,7 +162,10 @@ def test_another_head_is_re_initialised_said_and_recorded(project, source):
             lambda s: {**s, "body.0.0.bias": s["body.0.0.bias"] * float("nan")},
             "NaN or inf in 1 tensors",
         ),
-        (lambda s: {"state": {}, "param_groups": []}, "2 of its entries are not tensors"),
+        (
+            lambda s: {"state": {}, "param_groups": []},
+            "2 of its entries are not tensors (state, param_groups; an optimizer's state_dict)",
+        ),
     ],
     ids=["missing", "unexpected", "shape", "float64", "nan", "optimizer"],
 )
@@ -205,3 +213,79 @@ def test_a_resume_takes_its_checkpoint_and_never_reads_the_source_again(project,
         return [(r["step"], r["split"], r["loss"]) for r in map(json.loads, lines)]
 
     assert losses("cut") == losses("whole")
+
+
+def _train(project: Path, run_dir: str, batch: int, nproc: int, *extra: str):
+    """2 steps of `batch` examples a rank, each logged; torchrun's processes where nproc > 1."""
+    args = (
+        "train",
+        "--run-dir",
+        run_dir,
+        "--max-steps",
+        "2",
+        "--batch-size",
+        str(batch),
+        *SMALL,
+        *extra,
+    )
+    if nproc == 1:
+        done = run(project, *args)
+    else:
+        command = _torchrun(project, *args, nproc=nproc, extra=("--nnodes", "1"))
+        done = subprocess.run(
+            command, cwd=project, env=_env_ddp(project), capture_output=True, text=True
+        )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    return done
+
+
+@pytest.mark.parametrize("distributed", ["ddp", "fsdp"])
+def test_under_torchrun_every_rank_starts_from_the_weights(tmp_path, distributed):
+    """Rank 0 alone reads the file (another head: re-initialised); 2 processes x 16 then log the
+    losses 1 process x 32 does from the same file, so every rank holds the same loaded weights
+    (the dropout is off: the global batch alone decides the step)."""
+    project = render(tmp_path / "p", distributed=distributed)
+    _train(project, "runs/source", 32, 1)
+    checkpoint = "runs/source/checkpoints/" + ("best" if distributed == "fsdp" else "best.pt")
+    assert run(project, "export", "--checkpoint", checkpoint, "--out", "source.pt").returncode == 0
+    state = torch.load(project / "source.pt", weights_only=True)
+    width = state["head.weight"].shape[1]
+    torch.save(
+        {**state, "head.weight": torch.ones(7, width), "head.bias": torch.ones(7)},
+        project / "other.pt",
+    )
+    one = _train(project, "runs/one", 32, 1, "--init-from", "other.pt")
+    two = _train(project, "runs/two", 16, 2, "--init-from", "other.pt")
+    assert two.stdout.count("weights: re-initialised, not loaded (model.HEAD): head.weight") == 1
+    losses = [
+        [r["loss"] for r in records(project / "runs" / name) if r["split"] == "train"]
+        for name in ("one", "two")
+    ]
+    assert losses[1] == pytest.approx(losses[0], rel=1e-5), losses
+    fresh = _train(project, "runs/fresh", 32, 1)
+    assert fresh.stdout != one.stdout
+    recorded = [
+        json.loads((project / "runs" / name / "run.json").read_text())["init_from"]
+        for name in ("one", "two")
+    ]
+    assert recorded[0] == recorded[1] and recorded[0]["reinitialised"] == [
+        "head.weight",
+        "head.bias",
+    ]
+    # a sharded checkpoint folder as the source, read whole by rank 0
+    if distributed == "fsdp":
+        two = _train(project, "runs/from-folder", 16, 2, "--init-from", checkpoint)
+        assert f"weights: {len(state)} tensors from {checkpoint}" in two.stdout
+
+
+def test_check_init_compares_the_loaded_weights_with_a_fresh_model(project, source):
+    """Trained weights start below a fresh model's validation loss; weights that make it worse (the
+    head turned against the labels) are the finding "did not load as intended", exit 1."""
+    done = run(project, "check", "init", "--init-from", "source.safetensors", *TINY)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "init: PASS: validation loss with --init-from" in done.stdout
+    state = torch.load(project / "source.pt", weights_only=True)
+    torch.save({**state, "head.weight": state["head.weight"] * -20}, project / "against.pt")
+    done = run(project, "check", "init", "--init-from", "against.pt", *TINY)
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "not below: the weights did not load as intended" in done.stdout

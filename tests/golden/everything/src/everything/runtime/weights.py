@@ -14,6 +14,7 @@ Under torchrun, rank 0 alone reads SOURCE, and distributed.load_whole_state send
 
 import hashlib
 import pickle
+import warnings
 from pathlib import Path
 
 import torch
@@ -96,7 +97,7 @@ def read(source: str) -> tuple[dict[str, torch.Tensor], str]:
     try:
         path = Path(fetch_checkpoint(source) if is_url(source) else source)
     except (RunDirError, StoreError) as error:
-        raise WeightsError(f"--init-from {source}: {error}") from None
+        raise WeightsError(f"--init-from: {error}") from None
     if not path.exists():
         raise WeightsError(f"--init-from {source}: no such file")
     if path.is_dir():
@@ -114,7 +115,9 @@ def read(source: str) -> tuple[dict[str, torch.Tensor], str]:
             reason = str(error).splitlines()[0] if str(error) else type(error).__name__
             raise WeightsError(f"--init-from {source} is not readable safetensors ({reason})") from None
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():  # of a pickle protocol it may not read: the outcome is said below
+            warnings.simplefilter("ignore")
+            payload = torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError:  # weights_only's refusal: an object whose unpickling could run code
         raise WeightsError(
             f"--init-from {source} holds pickled objects, not only tensors: torch.load(weights_only=True)"
@@ -127,11 +130,13 @@ def read(source: str) -> tuple[dict[str, torch.Tensor], str]:
             raise WeightsError(f"--init-from {source} is damaged (its contents do not match its digest)")
         payload = payload["model"]
     if not isinstance(payload, dict) or not payload:
-        raise WeightsError(f"--init-from {source} holds no state_dict but a {type(payload).__name__}")
-    if others := [k for k, v in payload.items() if not isinstance(v, torch.Tensor)]:
+        what = "an empty dict" if isinstance(payload, dict) else f"a {type(payload).__name__}"
+        raise WeightsError(f"--init-from {source} holds no state_dict (tensors by name) but {what}")
+    if others := [str(k) for k, v in payload.items() if not isinstance(v, torch.Tensor)]:
+        optimizer = "; an optimizer's state_dict" if "param_groups" in payload else ""
         raise WeightsError(
             f"--init-from {source} holds no state_dict: {len(others)} of its entries are not tensors"
-            f" ({shown([str(k) for k in others])}; an optimizer's state?)"
+            f" ({shown(others)}{optimizer})"
         )
     return payload, sha256
 

@@ -38,6 +38,7 @@ from ..runtime.records import commit_label
 from ..runtime.runlog import PROJECT, git_state, make_folders, now_utc, source_digest, write_json_atomically
 from ..runtime.stopping import RunFolderBusy, RunLock
 from ..runtime.store import staging_dir
+from ..runtime.weights import init_weights
 from ..train import train_step
 from .resume_check import resume_matches
 from .timing import LOADER_WARN_SHARE, time_loader
@@ -206,7 +207,35 @@ def check_initial_loss(cfg: Config) -> CheckResult:
     detail = f"loss at initialisation {got:.4g}, expected about {expected:.4g} (model.initial_loss)"
     if not passed:
         detail += f": over {INIT_LOSS_FACTOR}x off; check the output layer, the loss and the targets"
+    if cfg.init_from:
+        return check_loaded_weights(cfg, model, splits, device)
     return CheckResult("init", passed, detail, got)
+
+
+def check_loaded_weights(cfg: Config, model: torch.nn.Module, splits, device: torch.device) -> CheckResult:
+    """With --init-from, the validation loss of the weights loaded must start below a fresh model's:
+    one that does not is a fine-tune whose weights did not load as intended (another layout read
+    by a wrong model.from_published, weights of another task or data)."""
+    dataset = EpochDataset(splits.val)
+    size = min(cfg.batch_size, len(dataset))
+    count = max(1, min(INIT_BATCHES, len(dataset) // size))
+    batches = [dataset.__getitems__((0, torch.arange(i * size, (i + 1) * size))) for i in range(count)]
+    batches = [tuple(t.to(device) for t in batch) for batch in batches]
+
+    @torch.no_grad()
+    def val_loss() -> float:
+        return sum(compute_loss(model(x), y).item() for x, y in batches) / len(batches)
+
+    fresh = val_loss()
+    kept = init_weights(model, cfg.init_from, lambda line: None)["reinitialised"]
+    loaded = val_loss()
+    detail = f"validation loss with --init-from {loaded:.4g}, a fresh model's {fresh:.4g}"
+    if kept:  # a new head maps the loaded features at random: its loss says nothing of the load
+        return CheckResult("init", True, f"{detail} (not compared: the head is re-initialised)", loaded)
+    passed = loaded < fresh
+    if not passed:
+        detail += ": not below: the weights did not load as intended (check model.from_published, the data)"
+    return CheckResult("init", passed, detail, loaded)
 
 
 def check_loader(cfg: Config) -> CheckResult:

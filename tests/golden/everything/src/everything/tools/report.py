@@ -64,6 +64,10 @@ def report(run_dir: str, since: str | None = None) -> str:
         f"**Run:** {record['project']} commit {commit_label(record['git'])}, config {run.name}/run.json, "
         f"seed {record['seed']}, torch {record['versions']['torch']}"
     ]
+    if weights := record.get("init_from"):  # train --init-from: what the run started from
+        kept = ", ".join(weights["reinitialised"]) or "none"
+        source = f"{weights['source']} (sha256 {weights['sha256'][:12]})"
+        lines.append(f"**Weights:** {source}; re-initialised (model.HEAD): {kept}")
     if run.summary is not None:
         lines.append(f"**Sanity:** {sanity(run.summary)} ({check_summary_path(run.dir)})")
         share = f"{run.summary['loader_share']:.1%}"
