@@ -58,6 +58,15 @@ TWIN_ANSWERS = ("tracker", "device")
 PRIMARY_TRACKER = "none"
 TWIN_CHECK = "resume"
 CROSS_CHECK = "import"  # not a project check: its `--help` (see above)
+LINT_ONLY = "lint"  # no check at all: rendered and linted (a finetune combination, see above)
+
+# A finetune combination's primary: tracker none, the checking device, and no accumulation; the
+# checks its finetune lines need (`check resume` runs EMA and a freeze lifted mid-run there), then
+# `check init` from the weights that resume check's uninterrupted run kept as its best.
+FINETUNE_ANSWERS = (*TWIN_ANSWERS, "grad_accum_steps")
+FINETUNE_PRIMARY_ACCUMULATION = 1
+FINETUNE_CHECKS = ("resume", "init")
+INIT_SOURCE = "runs/check/resume/uninterrupted/checkpoints"  # under the project, after resume
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,10 +76,22 @@ class Plan:
     which: str  # the project's `check` argument: "all", TWIN_CHECK for a twin; CROSS_CHECK: --help
     options: dict[str, Any]  # config options beyond the check sizes (a twin's --no-compile)
     primary: str | None = None  # the combination whose `check all` covers the rest, for a twin
+    then: tuple[str, ...] = ()  # checks run after `which` passed, in the same project
+    then_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # theirs, beyond options
+
+    @property
+    def kind(self) -> str:
+        """What it runs, for counts and tables: `which`, and the checks after it (resume+init)."""
+        return "+".join((self.which, *self.then))
 
     @property
     def label(self) -> str:
-        step = "--help" if self.which == CROSS_CHECK else f"check {self.which}"
+        if self.which == CROSS_CHECK:
+            step = "--help"
+        elif self.which == LINT_ONLY:
+            step = "no check (lint only)"
+        else:
+            step = ", ".join(f"check {which}" for which in (self.which, *self.then))
         return step + (f" (twin of {self.primary})" if self.primary else "")
 
 
@@ -85,34 +106,86 @@ def primary_of(answers: dict[str, Any], *, native_device: bool) -> dict[str, Any
     return primary
 
 
+def finetune_primary_of(answers: dict[str, Any], *, native_device: bool) -> dict[str, Any]:
+    """The finetune combination whose checks run the finetune lines of `answers`': its primary
+    (see primary_of), without accumulation."""
+    primary = primary_of(answers, native_device=native_device)
+    if "grad_accum_steps" in primary:
+        primary["grad_accum_steps"] = FINETUNE_PRIMARY_ACCUMULATION
+    return primary
+
+
+# The answers a family leaves out: a finetune combination's primary differs from it in these (the
+# accumulation too), and its finetune-false twin in finetune.
+FAMILY_LEAVES_OUT = (*FINETUNE_ANSWERS, "finetune")
+
+
 def family(answers: dict[str, Any]) -> str:
     """The answers twins share with their primary: one family is checked together (a shard holds
-    whole families, so each twin's primary runs beside it)."""
-    return combination_id({k: v for k, v in answers.items() if k not in TWIN_ANSWERS})
+    whole families, so each twin's primary runs beside it, and each finetune combination its
+    finetune primary and its finetune-false twin)."""
+    return combination_id({k: v for k, v in answers.items() if k not in FAMILY_LEAVES_OUT})
 
 
 def plans(
     combos: Sequence[dict[str, Any]], *, native_device: bool = False, full: bool = False
 ) -> list[Plan]:
     """Each combination's plan: `check all` for primaries, for twins whose primary is not among
-    `combos`, and for everything with `full`; `check resume` for the other twins."""
+    `combos`, and for everything with `full`; `check resume` for the other twins; for finetune
+    combinations, see the module's note (`check init` from weights after each `check all`)."""
     present = {combination_id(c) for c in combos}
     result = []
     for answers in combos:
-        primary_answers = primary_of(answers, native_device=native_device)
-        primary = combination_id(primary_answers)
-        if full or primary == combination_id(answers) or primary not in present:
-            result.append(Plan(which="all", options={}))
-            continue
-        options = {"no_compile": None} if answers.get("compile") else {}
-        halves = _halves(answers, primary_answers)
-        cross = len(halves) == 2 and all(combination_id(h) in present for h in halves)
-        sibling = combination_id({**answers, "distributed": "ddp"})  # see the module's note on fsdp
-        cross = cross or (answers.get("distributed") == "fsdp" and sibling in present)
-        cross = cross or (bool(answers.get("compile")) and _uncompiled(answers) in present)
-        which = CROSS_CHECK if cross else TWIN_CHECK
-        result.append(Plan(which=which, options=options, primary=primary))
+        plan = None if full else _finetune_plan(answers, present, native_device=native_device)
+        result.append(plan or _plan(answers, present, native_device=native_device, full=full))
     return result
+
+
+def _plan(answers: dict[str, Any], present: set[str], *, native_device: bool, full: bool) -> Plan:
+    """A primary's, a twin's or a cross's plan (a finetune combination's too, where its finetune
+    primary or its finetune-false twin is not in the run: then `check init` follows check all)."""
+    primary_answers = primary_of(answers, native_device=native_device)
+    primary = combination_id(primary_answers)
+    if full or primary == combination_id(answers) or primary not in present:
+        if answers.get("finetune"):
+            return Plan(which="all", options={}, then=("init",), then_options=_init_from(answers))
+        return Plan(which="all", options={})
+    options = {"no_compile": None} if answers.get("compile") else {}
+    halves = _halves(answers, primary_answers)
+    cross = len(halves) == 2 and all(combination_id(h) in present for h in halves)
+    sibling = combination_id({**answers, "distributed": "ddp"})  # see the module's note on fsdp
+    cross = cross or (answers.get("distributed") == "fsdp" and sibling in present)
+    cross = cross or (bool(answers.get("compile")) and _uncompiled(answers) in present)
+    which = CROSS_CHECK if cross else TWIN_CHECK
+    return Plan(which=which, options=options, primary=primary)
+
+
+def _finetune_plan(
+    answers: dict[str, Any], present: set[str], *, native_device: bool
+) -> Plan | None:
+    """A finetune combination's plan where both its finetune primary and its finetune-false twin
+    are in the run (else None): the primary's resume and init checks; --help for a combination
+    that differs from it in one of tracker, device and accumulation; lint only for the rest."""
+    if not answers.get("finetune"):
+        return None
+    primary_answers = finetune_primary_of(answers, native_device=native_device)
+    primary = combination_id(primary_answers)
+    twin = combination_id({**answers, "finetune": False})
+    if primary not in present or twin not in present:
+        return None
+    if primary == combination_id(answers):
+        first, *then = FINETUNE_CHECKS
+        return Plan(which=first, options={}, then=tuple(then), then_options=_init_from(answers))
+    differs = [k for k in FINETUNE_ANSWERS if answers.get(k) != primary_answers.get(k)]
+    which = CROSS_CHECK if len(differs) == 1 else LINT_ONLY
+    return Plan(which=which, options={}, primary=primary)
+
+
+def _init_from(answers: dict[str, Any]) -> dict[str, Any]:
+    """`check init`'s --init-from: the best checkpoint the resume check's uninterrupted run kept
+    (a folder of shards under fsdp)."""
+    best = "best" if answers.get("distributed") == "fsdp" else "best.pt"
+    return {"init_from": f"{INIT_SOURCE}/{best}"}
 
 
 def _uncompiled(answers: dict[str, Any]) -> str:
