@@ -25,8 +25,8 @@ lint that every combination gets: its project's `python -m <pkg> --help` only, w
 module the command line loads (the tracker's library too) and builds the config's arguments, so a
 render whose modules do not load together fails. It had run `check init` (its data and model built,
 their first losses taken): 1,230 of them took 21 of the matrix's 92 job-minutes in CI, for lines
-its halves run. Counted on the 1,680: crosses are 720 of the 1,500 twins, 180 of them ddp, whose
-resume check is the dearest twin's; with the fsdp twins below, 960.
+its halves run. Counted on the 1,680 finetune-false combinations: crosses are 720 of the 1,500
+twins, 180 of them ddp, whose resume check is the dearest twin's; with the fsdp twins below, 960.
 
 An fsdp twin is a cross too when its ddp *sibling* (the same answers with ddp) is in the run.
 fsdp and ddp renders share their tracker and device lines (rank 0's run log and tracker, the
@@ -37,11 +37,35 @@ the tracker or the device the checks run on, and its primary's `check all` resum
 A compile twin is a cross too when the same twin without compile is in the run. A twin's resume
 check runs without torch.compile (the primary proved the compiled graphs), so the two would run
 the same lines: the compile twin's own rendering adds only what `--compile` switches on, which
-its primary's `check all` runs. Counted on the 1,680: this halves the resume checks, 540 to 270.
+its primary's `check all` runs. Counted on the 1,680 finetune-false combinations: this halves the
+resume checks, 540 to 270.
 
 A twin whose primary is not in the same run (a `--only` slice without it) gets every check; a
 cross whose two halves are not both in it, or an fsdp twin without its sibling, gets the resume
 check.
+
+The `finetune` answer doubles the matrix (1,680 to 3,360), but a finetune combination renders its
+finetune-false twin's lines and the finetune blocks (`--init-from` loading, freezing, EMA), and
+those read task, distributed, precision and compile, never the tracker, the device or the
+accumulation (tests/test_twins.py reads every template's finetune blocks for it). The twin's plan
+runs its lines; a *finetune primary* (tracker none, the checking device, and accumulation 1: the
+cheapest steps) runs the finetune blocks of its family, every other finetune combination the same
+ones. It runs `check resume`, which in a finetune render trains with EMA on and a freeze lifted
+across the interruption, bit for bit, compiled where the answer is (a primary, not a twin), then
+`check init --init-from` the best checkpoint that resume check's uninterrupted run kept: the
+weights loaded, and their validation loss against a fresh model's. Overfit, batch and loader,
+which test the model, the loss and the loader the two share, run in the twin's family already.
+Of the other finetune combinations, one that differs from its finetune primary in one of tracker,
+device and accumulation runs its `--help`: its modules, where a tracker's (or the device's, or
+the accumulation's) blocks meet the finetune blocks, load together and build the config's
+options (a clash there is not a lint finding: a dataclass field twice, an option twice). One that
+differs in two or three only renders and lints: each pair of its blocks meets in one of those or
+in its finetune-false twin's plan. Counted on the 3,360: 90 finetune primaries, 480 `--help`,
+1,110 lint only; the finetune-false half's plans are the 1,680's. A family (what a shard keeps
+together) therefore spans the accumulation and finetune too: 90 families of 32 or 48.
+
+Where a finetune combination's primary or its finetune-false twin is not in the run, the finetune
+half follows the rules above by itself, each `check all` followed by `check init --init-from`.
 """
 
 from __future__ import annotations
