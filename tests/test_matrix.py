@@ -291,13 +291,14 @@ def test_a_cross_imports_its_project_and_fails_on_a_module_that_does_not_load(tm
 
 
 def test_a_plan_of_two_checks_runs_the_second_after_the_first_with_its_own_options(tmp_path):
-    """A finetune primary's plan: check resume, then check init from the checkpoint it left
-    (--init-from, in a finetune render); each its own command and log, the options after the
-    first only the later check's."""
+    """A finetune primary's plan: check resume, a short train, then check init from the checkpoint
+    that left (--init-from, in a finetune render); each its own command and log, the options
+    after the first only the later check's."""
     only = ["task=regression", "tracker=none", "device=cpu", "distributed=none", "precision=fp32"]
     only += ["grad_accum_steps=1", "compile=no", "finetune=no"]
     [combo] = matrix.select(matrix.combinations(), only)
-    plan = matrix.Plan(which="resume", options={}, then=("init",), then_options={"lr": 0.002})
+    then = ("train", "init")
+    plan = matrix.Plan(which="resume", options={}, then=then, then_options={"lr": 0.002})
     job = runner.Job(
         answers=combo,
         plan=plan,
@@ -316,7 +317,16 @@ def test_a_plan_of_two_checks_runs_the_second_after_the_first_with_its_own_optio
     project = job.folder / matrix.LONGEST_NAME
     assert "--lr" not in runner._check_command(project, job)
     assert runner._check_command(project, job, "init")[-2:] == ["--lr", "0.002"]
+    assert runner._check_command(project, job, "train")[3:8] == [
+        "train",
+        "--run-dir",
+        matrix.twins.SOURCE_RUN,
+        "--max-steps",
+        str(matrix.twins.SOURCE_STEPS),
+    ]
+    assert "--lr" not in runner._check_command(project, job, "train")
     first, then = (job.folder / log for log in ("check.log", "check-init.log"))
     assert "resume: PASS" in first.read_text() and "init: " not in first.read_text()
     assert "init: PASS" in then.read_text() and "resume" not in then.read_text()
+    assert (job.folder / "check-train.log").is_file()
     assert (project / matrix.twins.INIT_SOURCE / "best.pt").is_file()  # what init loads there

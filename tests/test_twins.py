@@ -174,7 +174,7 @@ def test_the_slow_checks_start_first_and_the_twins_last():
     kinds = [plans[i].kind for i in order]
     twins_start = kinds.index("resume")
     assert set(kinds[twins_start:]) == {"resume", "import", "lint"}
-    assert "all" not in kinds[twins_start:] and "resume+init" not in kinds[twins_start:]
+    assert "all" not in kinds[twins_start:] and "resume+train+init" not in kinds[twins_start:]
 
 
 def test_a_finetune_combination_runs_what_its_finetune_lines_need_and_no_more():
@@ -189,7 +189,7 @@ def test_a_finetune_combination_runs_what_its_finetune_lines_need_and_no_more():
 
     assert collections.Counter(
         p.kind for c, p in zip(combos, plans, strict=True) if c["finetune"]
-    ) == {"resume+init": 90, "import": 480, "lint": 1110}
+    ) == {"resume+train+init": 90, "import": 480, "lint": 1110}
     for answers, plan in zip(combos, plans, strict=True):
         if not answers["finetune"]:
             continue
@@ -199,7 +199,7 @@ def test_a_finetune_combination_runs_what_its_finetune_lines_need_and_no_more():
         if not differs:
             assert (plan.which, plan.then, plan.options, plan.primary) == (
                 "resume",
-                ("init",),
+                ("train", "init"),
                 {},
                 None,
             )
@@ -217,15 +217,15 @@ def test_a_finetune_slice_without_its_finetune_false_twins_checks_itself():
     combos = matrix.select(matrix.combinations(), ["task=custom", "finetune=yes"])
     plans = matrix.plans(combos)
 
-    assert {p.kind for p in plans} == {"all+init", "resume", "import"}
+    assert {p.kind for p in plans} == {"all+train+init", "resume", "import"}
     for answers, plan in zip(combos, plans, strict=True):
         primary = answers["tracker"] == "none" and answers["device"] == "cpu"
         assert (plan.which == "all") == primary
-    assert {p.kind for p in matrix.plans(combos, full=True)} == {"all+init"}
+    assert {p.kind for p in matrix.plans(combos, full=True)} == {"all+train+init"}
     # its finetune primary absent, a finetune twin is checked as one too
     lone = [c for c in combos if c["grad_accum_steps"] == 4 and c["tracker"] == "wandb"]
     falses = [{**c, "finetune": False} for c in lone]
-    assert {p.kind for p in matrix.plans(lone + falses)[: len(lone)]} == {"all+init"}
+    assert {p.kind for p in matrix.plans(lone + falses)[: len(lone)]} == {"all+train+init"}
 
 
 # What a finetune combination's plan rests on: its finetune blocks read none of these answers, so

@@ -29,7 +29,16 @@ from scaffold.combinations import combination_id
 from scaffold.errors import ScaffoldError
 from scaffold.matrix import fork
 from scaffold.matrix.lint import lint_problems
-from scaffold.matrix.twins import CROSS_CHECK, LINT_ONLY, TWIN_CHECK, Plan, plans
+from scaffold.matrix.twins import (
+    CROSS_CHECK,
+    LINT_ONLY,
+    SOURCE_RUN,
+    SOURCE_STEPS,
+    SOURCE_TRAIN,
+    TWIN_CHECK,
+    Plan,
+    plans,
+)
 
 # copier.yml's longest project name: rendered lines must stay within the line length with it.
 LONGEST_NAME = "a-long-project-name-to-fill-forty-chars1"
@@ -347,6 +356,10 @@ def _check_command(project: Path, job: Job, which: str | None = None) -> list[st
         return [sys.executable, "-m", project_package(project), "--help"]
     device = None if job.native_device else "cpu"
     options = {**check_sizes(job.answers), **job.plan.options}
+    if which == SOURCE_TRAIN:  # weights for check init to load: a short run at the check sizes
+        command = check_command(project, device=device, options=options)  # python -m pkg check all
+        steps = ["--run-dir", SOURCE_RUN, "--max-steps", str(SOURCE_STEPS)]
+        return [*command[:3], "train", *steps, *command[5:]]
     if which != job.plan.which:
         options.update(job.plan.then_options)
     return check_command(project, which=which, device=device, options=options)

@@ -52,9 +52,11 @@ runs its lines; a *finetune primary* (tracker none, the checking device, and acc
 cheapest steps) runs the finetune blocks of its family, every other finetune combination the same
 ones. It runs `check resume`, which in a finetune render trains with EMA on and a freeze lifted
 across the interruption, bit for bit, compiled where the answer is (a primary, not a twin), then
-`check init --init-from` the best checkpoint that resume check's uninterrupted run kept: the
-weights loaded, and their validation loss against a fresh model's. Overfit, batch and loader,
-which test the model, the loss and the loader the two share, run in the twin's family already.
+`train` 60 steps at the check sizes and `check init --init-from` the best checkpoint that run
+kept: the weights loaded, and their validation loss against a fresh model's (weights that do not
+start below it fail; the resume check's own 20 steps do not, see SOURCE_TRAIN). Overfit, batch
+and loader, which test the model, the loss and the loader the two share, run in the twin's family
+already.
 Of the other finetune combinations, one that differs from its finetune primary in one of tracker,
 device and accumulation runs its `--help`: its modules, where a tracker's (or the device's, or
 the accumulation's) blocks meet the finetune blocks, load together and build the config's
@@ -65,7 +67,7 @@ in its finetune-false twin's plan. Counted on the 3,360: 90 finetune primaries, 
 together) therefore spans the accumulation and finetune too: 90 families of 32 or 48.
 
 Where a finetune combination's primary or its finetune-false twin is not in the run, the finetune
-half follows the rules above by itself, each `check all` followed by `check init --init-from`.
+half follows the rules above by itself, each `check all` followed by the train and `check init`.
 """
 
 from __future__ import annotations
@@ -86,11 +88,17 @@ LINT_ONLY = "lint"  # no check at all: rendered and linted (a finetune combinati
 
 # A finetune combination's primary: tracker none, the checking device, and no accumulation; the
 # checks its finetune lines need (`check resume` runs EMA and a freeze lifted mid-run there), then
-# `check init` from the weights that resume check's uninterrupted run kept as its best.
+# `check init` from the best checkpoint of a short `train` (SOURCE_TRAIN, not a check). The resume
+# check's own checkpoints do not do: its 20 steps, in their warmup, left a classification model's
+# validation loss at 1.304 against a fresh model's 1.298, which check init rightly fails; 60 steps
+# of `train` at the check sizes took it to 0.996 (6 s).
 FINETUNE_ANSWERS = (*TWIN_ANSWERS, "grad_accum_steps")
 FINETUNE_PRIMARY_ACCUMULATION = 1
-FINETUNE_CHECKS = ("resume", "init")
-INIT_SOURCE = "runs/check/resume/uninterrupted/checkpoints"  # under the project, after resume
+SOURCE_TRAIN = "train"  # the project's `train` into SOURCE_RUN, SOURCE_STEPS steps
+SOURCE_RUN = "runs/matrix-source"
+SOURCE_STEPS = 60
+FINETUNE_CHECKS = ("resume", SOURCE_TRAIN, "init")
+INIT_SOURCE = f"{SOURCE_RUN}/checkpoints"  # under the project, after SOURCE_TRAIN
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -100,8 +108,8 @@ class Plan:
     which: str  # the project's `check` argument: "all", TWIN_CHECK for a twin; CROSS_CHECK: --help
     options: dict[str, Any]  # config options beyond the check sizes (a twin's --no-compile)
     primary: str | None = None  # the combination whose `check all` covers the rest, for a twin
-    then: tuple[str, ...] = ()  # checks run after `which` passed, in the same project
-    then_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # theirs, beyond options
+    then: tuple[str, ...] = ()  # checks (or SOURCE_TRAIN) run after `which` passed, in order
+    then_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # those checks', beyond
 
     @property
     def kind(self) -> str:
@@ -115,7 +123,10 @@ class Plan:
         elif self.which == LINT_ONLY:
             step = "no check (lint only)"
         else:
-            step = ", ".join(f"check {which}" for which in (self.which, *self.then))
+            step = ", ".join(
+                which if which == SOURCE_TRAIN else f"check {which}"
+                for which in (self.which, *self.then)
+            )
         return step + (f" (twin of {self.primary})" if self.primary else "")
 
 
@@ -156,7 +167,7 @@ def plans(
 ) -> list[Plan]:
     """Each combination's plan: `check all` for primaries, for twins whose primary is not among
     `combos`, and for everything with `full`; `check resume` for the other twins; for finetune
-    combinations, see the module's note (`check init` from weights after each `check all`)."""
+    combinations, see the module's note (`check init` from trained weights after check all)."""
     present = {combination_id(c) for c in combos}
     result = []
     for answers in combos:
@@ -167,12 +178,13 @@ def plans(
 
 def _plan(answers: dict[str, Any], present: set[str], *, native_device: bool, full: bool) -> Plan:
     """A primary's, a twin's or a cross's plan (a finetune combination's too, where its finetune
-    primary or its finetune-false twin is not in the run: then `check init` follows check all)."""
+    primary or its finetune-false twin is not in the run: then the train and check init follow)."""
     primary_answers = primary_of(answers, native_device=native_device)
     primary = combination_id(primary_answers)
     if full or primary == combination_id(answers) or primary not in present:
         if answers.get("finetune"):
-            return Plan(which="all", options={}, then=("init",), then_options=_init_from(answers))
+            then = FINETUNE_CHECKS[1:]
+            return Plan(which="all", options={}, then=then, then_options=_init_from(answers))
         return Plan(which="all", options={})
     options = {"no_compile": None} if answers.get("compile") else {}
     halves = _halves(answers, primary_answers)
@@ -206,8 +218,8 @@ def _finetune_plan(
 
 
 def _init_from(answers: dict[str, Any]) -> dict[str, Any]:
-    """`check init`'s --init-from: the best checkpoint the resume check's uninterrupted run kept
-    (a folder of shards under fsdp)."""
+    """`check init`'s --init-from: the best checkpoint SOURCE_TRAIN kept (a folder of shards under
+    fsdp)."""
     best = "best" if answers.get("distributed") == "fsdp" else "best.pt"
     return {"init_from": f"{INIT_SOURCE}/{best}"}
 
