@@ -5,7 +5,7 @@ changes shape. Each has no public equivalent (as of those versions):
 
 - `copier._main.Worker`: `run_copy` builds one and keeps it to itself, but scaffold needs its
   Jinja environment (to cache compiled templates across runs: half of a render's time) and its
-  questionnaire alone (`Worker._ask`: the matrix asks copier which of ~1,680 combinations its
+  questionnaire alone (`Worker._ask`: the matrix asks copier which of ~3,360 combinations its
   validators accept, without rendering each). Without a usable Worker, renders go through the
   public `copier.run_copy`, only slower.
 - `Worker._sync_git_index_executable_bit`: copier asks git, once a rendered file, whether the

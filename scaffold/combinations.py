@@ -54,7 +54,7 @@ def all_combinations(template: Path | None = None) -> list[dict[str, Any]]:
 def combinations(template: Path | None = None) -> list[dict[str, Any]]:
     """Every valid combination, in file order: those copier's validators accept.
 
-    Asking copier's questionnaire about all ~2,160 combinations takes half a minute, so the
+    Asking copier's questionnaire about all ~4,320 combinations takes half a minute, so the
     answer is kept: in this process, and on disk in the user's cache folder for the next one
     (pytest's workers, `scaffold matrix`). It is named by what decides it: copier.yml's bytes and
     the versions of copier and Jinja, which run its validators."""

@@ -168,7 +168,7 @@ def _running(pid: int) -> bool:
 @pytest.mark.slow
 def test_run_matrix_checks_real_projects_in_forked_processes(tmp_path):
     """The default combination and its ddp and fsdp siblings, rendered, linted and checked."""
-    only = ["task=classification", "tracker=none", "device=cpu", "precision=fp32"]
+    only = ["task=classification", "tracker=none", "device=cpu", "precision=fp32", "finetune=no"]
     combos = matrix.select(matrix.combinations(), [*only, "grad_accum_steps=1", "compile=no"])
     assert [c["distributed"] for c in combos] == ["none", "ddp", "fsdp"]
 
@@ -187,6 +187,7 @@ def test_a_twin_runs_check_resume_with_its_tracker_and_without_compile(tmp_path)
     check alone, without torch.compile, its tracker logging."""
     base = {"task": "regression", "distributed": "none", "precision": "fp32"}
     only = [f"{k}={v}" for k, v in base.items()] + ["grad_accum_steps=1", "compile=yes"]
+    only.append("finetune=no")
     combos = [
         c
         for c in matrix.select(matrix.combinations(), only)
@@ -229,7 +230,7 @@ def test_each_compile_family_starts_once_before_the_rest():
 def test_generation_checks_run_on_a_folder_its_own_prepare_wrote(tmp_path):
     """bf16 with accumulation: BPE token files, trained with --documents; the resume check's run
     records the prepared folder, its tokenizer and digest."""
-    only = ["task=generation", "tracker=none", "device=cpu", "precision=bf16"]
+    only = ["task=generation", "tracker=none", "device=cpu", "precision=bf16", "finetune=no"]
     combos = matrix.select(
         matrix.combinations(), [*only, "grad_accum_steps=4", "compile=no", "distributed=none"]
     )
@@ -254,6 +255,7 @@ def _cross_job(tmp_path: Path, template: Path) -> runner.Job:
         c
         for c in matrix.select(matrix.combinations(), [f"{k}={v}" for k, v in answers.items()])
         if c["precision"] == "fp32" and c["grad_accum_steps"] == 1 and not c["compile"]
+        if not c["finetune"]
     ]
     plan = matrix.twins.Plan(which=matrix.twins.CROSS_CHECK, options={}, primary="its primary")
     return runner.Job(
@@ -286,3 +288,45 @@ def test_a_cross_imports_its_project_and_fails_on_a_module_that_does_not_load(tm
 
     assert not bad.passed and bad.step == "check"
     assert "No module named 'no_such_module'" in bad.output
+
+
+def test_a_plan_of_two_checks_runs_the_second_after_the_first_with_its_own_options(tmp_path):
+    """A finetune primary's plan: check resume, a short train, then check init from the checkpoint
+    that left (--init-from, in a finetune render); each its own command and log, the options
+    after the first only the later check's."""
+    only = ["task=regression", "tracker=none", "device=cpu", "distributed=none", "precision=fp32"]
+    only += ["grad_accum_steps=1", "compile=no", "finetune=no"]
+    [combo] = matrix.select(matrix.combinations(), only)
+    then = ("train", "init")
+    plan = matrix.Plan(which="resume", options={}, then=then, then_options={"lr": 0.002})
+    job = runner.Job(
+        answers=combo,
+        plan=plan,
+        folder=tmp_path / "0000",
+        template=None,
+        native_device=False,
+        threads=1,
+        keep=True,
+        timeout=300,
+        fork=False,
+    )
+
+    outcome = runner._run_one(job)
+
+    assert outcome.passed, outcome.tail()
+    project = job.folder / matrix.LONGEST_NAME
+    assert "--lr" not in runner._check_command(project, job)
+    assert runner._check_command(project, job, "init")[-2:] == ["--lr", "0.002"]
+    assert runner._check_command(project, job, "train")[3:8] == [
+        "train",
+        "--run-dir",
+        matrix.twins.SOURCE_RUN,
+        "--max-steps",
+        str(matrix.twins.SOURCE_STEPS),
+    ]
+    assert "--lr" not in runner._check_command(project, job, "train")
+    first, then = (job.folder / log for log in ("check.log", "check-init.log"))
+    assert "resume: PASS" in first.read_text() and "init: " not in first.read_text()
+    assert "init: PASS" in then.read_text() and "resume" not in then.read_text()
+    assert (job.folder / "check-train.log").is_file()
+    assert (project / matrix.twins.INIT_SOURCE / "best.pt").is_file()  # what init loads there

@@ -1,6 +1,7 @@
 """Every command of a generated project's README runs as pasted, in the README's order, and exits
-as the README says (0; diagnose 0 or 1, "exit 1 if any"): the default project, image + ddp,
-generation and regression + fsdp, each rendered fresh.
+as the README says (0; diagnose 0 or 1, "exit 1 if any"): custom, image + ddp, generation and
+regression + fsdp, each rendered fresh; the default project's README runs the same way in
+tests/test_install.py, in the fresh environment its own set-up line installs it into.
 
 The one scaling is `--max-steps`, an option the README shows, added to each `train` and torchrun
 script line. What this machine cannot run as pasted is left out by name (NOT_HERE: the install,
@@ -18,14 +19,13 @@ import sys
 from pathlib import Path
 
 import pytest
-from readme_commands import fenced_commands, indented_commands, run
+from readme_commands import Ran, fenced_commands, indented_commands, run
 
 from scaffold.render import new_project
 
 pytestmark = pytest.mark.slow
 
-CASES = {
-    "default": {},
+CASES = {  # the default's: tests/test_install.py (run_as_pasted)
     "custom": {"task": "custom"},
     "image-ddp": {"task": "image", "distributed": "ddp"},
     "generation": {"task": "generation"},
@@ -108,17 +108,24 @@ def test_every_readme_command_runs_as_pasted(case, tmp_path):
         "PYTHONPATH": str(project / "src"),  # what `pip install -e .` makes importable
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]]),
     }
+    run_as_pasted(project, env, NOT_HERE)
+
+
+def run_as_pasted(project: Path, env: dict[str, str], not_here: dict[str, str]) -> dict[str, Ran]:
+    """Runs every command of `project`'s README in order but those starting with a key of
+    `not_here`, each as the README says it exits; a command that reads the newest run must read
+    the one trained last. What ran, by its line as run."""
     commands = fenced_commands((project / "README.md").read_text(encoding="utf-8"))
-    ran, left_out, trained, read = [], [], [], []
+    ran, left_out, trained, read = {}, [], [], []
     for command in commands:
-        why = next((why for start, why in NOT_HERE.items() if command.line.startswith(start)), None)
+        why = next((why for start, why in not_here.items() if command.line.startswith(start)), None)
         if why:
             left_out.append(command.line)
             continue
         command.line = scaled(command.line)
         done = run(command, project, env, timeout=600)
         assert done.as_said, f"{command.line}\nexit {done.status}\n{done.output[-3000:]}"
-        ran.append(command.line)
+        ran[command.line] = done
         trained += re.findall(r"--run-dir (runs/\S+)", command.line)
         for run_dir in re.findall(r"^reading (\S+) \(the newest run", done.output, re.M):
             read.append(run_dir)
@@ -128,7 +135,8 @@ def test_every_readme_command_runs_as_pasted(case, tmp_path):
 
     assert sum(" train " in line for line in ran) >= 2  # runs/first and runs/second at least
     assert any("check all" in line for line in ran)
-    assert len(ran) >= 9 and len(left_out) <= 6, (ran, left_out)
+    assert len(ran) >= 9 and len(left_out) <= 6, (list(ran), left_out)
+    return ran
 
 
 # scaffold's own README: its commands, each run or left out by name (a command added to the README

@@ -4,6 +4,7 @@ keep a twin with its primary."""
 from __future__ import annotations
 
 import collections
+from pathlib import Path
 
 from scaffold import matrix
 from scaffold.combinations import combination_id
@@ -17,7 +18,7 @@ def test_the_primaries_get_check_all_and_every_other_combination_is_their_twin()
     primaries = [c for c, p in zip(combos, plans, strict=True) if p.which == "all"]
     assert primaries and all(c["tracker"] == "none" and c["device"] == "cpu" for c in primaries)
     for answers, plan in zip(combos, plans, strict=True):
-        if plan.which == "all":
+        if plan.which == "all" or answers["finetune"]:  # finetune ones: their own test below
             continue
         primary = by_id[plan.primary]
         differs = {k for k in answers if answers[k] != primary[k]}
@@ -28,9 +29,10 @@ def test_the_primaries_get_check_all_and_every_other_combination_is_their_twin()
         cross = cross or answers["compile"]
         assert plan.which == ("import" if cross else "resume")
         assert plan.options == ({"no_compile": None} if answers["compile"] else {})
-    # every family (the answers twins share) has exactly one primary
+    # every family (the answers twins share) has one primary for each accumulation
     families = collections.Counter(matrix.family(c) for c in primaries)
-    assert set(families.values()) == {1}
+    assert set(families.values()) == {2}
+    assert len({(matrix.family(c), c["grad_accum_steps"]) for c in primaries}) == len(primaries)
     assert set(families) == {matrix.family(c) for c in combos}
 
 
@@ -38,13 +40,13 @@ def test_a_twin_without_its_primary_in_the_run_gets_every_check():
     combos = matrix.select(matrix.combinations(), ["tracker=wandb"])
     assert combos and {p.which for p in matrix.plans(combos)} == {"all"}
 
-    slice_ = matrix.select(matrix.combinations(), ["task=custom", "precision=bf16"])
+    slice_ = matrix.select(matrix.combinations(), ["task=custom", "precision=bf16", "finetune=no"])
     plans = matrix.plans(slice_)
     assert {p.which for p in plans} == {"all", "resume", "import"}
     assert {p.which for p in matrix.plans(slice_, full=True)} == {"all"}
 
     # without the device twins (tracker none), a tracker on cuda runs its own resume check
-    custom = matrix.select(matrix.combinations(), ["task=custom"])
+    custom = matrix.select(matrix.combinations(), ["task=custom", "finetune=no"])
     no_device_twins = [
         c
         for c in custom
@@ -57,7 +59,7 @@ def test_a_twin_without_its_primary_in_the_run_gets_every_check():
 
 
 def test_an_fsdp_twin_is_a_cross_exactly_when_its_ddp_sibling_is_in_the_run():
-    combos = matrix.select(matrix.combinations(), ["task=regression"])
+    combos = matrix.select(matrix.combinations(), ["task=regression", "finetune=no"])
     fsdp_only = [c for c in combos if c["distributed"] == "fsdp"]
     for run in (combos, fsdp_only):
         present = {combination_id(c) for c in run}
@@ -75,7 +77,9 @@ def test_an_fsdp_twin_is_a_cross_exactly_when_its_ddp_sibling_is_in_the_run():
 def test_a_compile_twin_resumes_itself_only_without_its_uncompiled_sibling():
     """A twin's resume runs with --no-compile: where the twin without compile is in the run, the
     compile twin would run the same lines again, and runs --help only."""
-    combos = matrix.select(matrix.combinations(), ["task=classification", "distributed=none"])
+    combos = matrix.select(
+        matrix.combinations(), ["task=classification", "distributed=none", "finetune=no"]
+    )
     compiled_only = [c for c in combos if c["compile"]]
     counts = {}
     for run in (combos, compiled_only):
@@ -90,17 +94,18 @@ def test_a_compile_twin_resumes_itself_only_without_its_uncompiled_sibling():
         counts[len(run)] = collections.Counter(twins)
     assert counts[len(combos)] == {"import": 30}  # 6 families x (3 trackers, cuda, mps)
     assert counts[len(compiled_only)] == {"resume": 30}
-    assert collections.Counter(p.which for p in matrix.plans(matrix.combinations())) == {
-        "all": 180,
-        "resume": 270,
-        "import": 1230,
-    }
+    combos = matrix.combinations()
+    assert collections.Counter(
+        p.which for c, p in zip(combos, matrix.plans(combos), strict=True) if not c["finetune"]
+    ) == {"all": 180, "resume": 270, "import": 1230}
 
 
 def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
     combos = matrix.combinations()
     plans = matrix.plans(combos)
-    crosses = [c for c, p in zip(combos, plans, strict=True) if p.which == "import"]
+    crosses = [
+        c for c, p in zip(combos, plans, strict=True) if p.which == "import" and not c["finetune"]
+    ]
     assert crosses
 
     def differs_in_both(c):
@@ -116,13 +121,13 @@ def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
         return differs_in_both(c) or fsdp_twin(c) or compile_twin(c)
 
     assert all(cross(c) for c in crosses)
-    assert len(crosses) == sum(cross(c) for c in combos)
+    assert len(crosses) == sum(cross(c) for c in combos if not c["finetune"])
     kinds = [plans[i].which for i in matrix.schedule(combos, plans)]
-    assert set(kinds[kinds.index("import") :]) == {"import"}
+    assert set(kinds[kinds.index("import") :]) == {"import", "lint"}
 
 
 def test_with_the_checks_on_the_projects_own_device_only_the_tracker_makes_twins():
-    combos = matrix.select(matrix.combinations(), ["device=cuda"])
+    combos = matrix.select(matrix.combinations(), ["device=cuda", "finetune=no"])
     plans = matrix.plans(combos, native_device=True)
 
     primaries = [c for c, p in zip(combos, plans, strict=True) if p.which == "all"]
@@ -142,9 +147,15 @@ def test_shards_partition_the_matrix_and_keep_each_family_together():
         for c in s:
             homes[matrix.family(c)].add(i)
     assert all(len(h) == 1 for h in homes.values())
-    # every twin's primary is in its shard: no shard falls back to check all for its twins
+    # every twin's primary is in its shard (no shard falls back to check all for its twins), and
+    # a finetune combination's finetune primary and finetune-false twin: it plans as in the whole
+    whole = dict(zip(dealt, matrix.plans([c for s in shards for c in s]), strict=True))
     for s in shards:
-        assert sum(p.which == "all" for p in matrix.plans(s)) == len({matrix.family(c) for c in s})
+        kinds = [(c, p.kind) for c, p in zip(s, matrix.plans(s), strict=True) if c["finetune"]]
+        assert all(whole[combination_id(c)].kind == kind for c, kind in kinds)
+        assert sum(p.which == "all" for p in matrix.plans(s)) == 2 * len(
+            {matrix.family(c) for c in s}
+        )  # accumulation 1 and 4
     sizes = [len(s) for s in shards]
     assert max(sizes) < 1.5 * min(sizes)
 
@@ -160,7 +171,107 @@ def test_the_slow_checks_start_first_and_the_twins_last():
     assert all(c["compile"] for c in first)
     assert all(plans[i].which == "all" for i in order[: len(families)])
     assert {tuple(c[k] for k in matrix.COMPILE_FAMILY) for c in first} == families
-    kinds = [plans[i].which for i in order]
+    kinds = [plans[i].kind for i in order]
     twins_start = kinds.index("resume")
-    assert set(kinds[twins_start:]) == {"resume", "import"}
-    assert "all" not in kinds[twins_start:]
+    assert set(kinds[twins_start:]) == {"resume", "import", "lint"}
+    assert "all" not in kinds[twins_start:] and "resume+train+init" not in kinds[twins_start:]
+
+
+def test_a_finetune_combination_runs_what_its_finetune_lines_need_and_no_more():
+    """Its lines beyond its finetune-false twin's are the finetune blocks, which vary with task,
+    distributed, precision and compile only: the finetune primary (tracker none, the CPU, no
+    accumulation) runs check resume (EMA on, a freeze lifted mid-run), then check init from that
+    run's best checkpoint; a combination one answer away from it imports its modules (--help);
+    the rest are rendered and linted."""
+    combos = matrix.combinations()
+    plans = matrix.plans(combos)
+    by_id = {combination_id(c): c for c in combos}
+
+    assert collections.Counter(
+        p.kind for c, p in zip(combos, plans, strict=True) if c["finetune"]
+    ) == {"resume+train+init": 90, "import": 480, "lint": 1110}
+    for answers, plan in zip(combos, plans, strict=True):
+        if not answers["finetune"]:
+            continue
+        assert combination_id({**answers, "finetune": False}) in by_id
+        home = {"tracker": "none", "device": "cpu", "grad_accum_steps": 1}
+        differs = {k for k, v in home.items() if answers[k] != v}
+        if not differs:
+            assert (plan.which, plan.then, plan.options, plan.primary) == (
+                "resume",
+                ("train", "init"),
+                {},
+                None,
+            )
+            best = "best" if answers["distributed"] == "fsdp" else "best.pt"
+            assert plan.then_options == {"init_from": f"{matrix.twins.INIT_SOURCE}/{best}"}
+            continue
+        assert plan.primary == combination_id({**answers, **home})
+        assert plan.which == ("import" if len(differs) == 1 else "lint")
+        assert plan.options == {}  # --help and lint compile nothing
+
+
+def test_a_finetune_slice_without_its_finetune_false_twins_checks_itself():
+    """Without the finetune-false twins, nothing runs a finetune combination's other lines: the
+    twin rules apply within the slice, and each check all is followed by check init."""
+    combos = matrix.select(matrix.combinations(), ["task=custom", "finetune=yes"])
+    plans = matrix.plans(combos)
+
+    assert {p.kind for p in plans} == {"all+train+init", "resume", "import"}
+    for answers, plan in zip(combos, plans, strict=True):
+        primary = answers["tracker"] == "none" and answers["device"] == "cpu"
+        assert (plan.which == "all") == primary
+    assert {p.kind for p in matrix.plans(combos, full=True)} == {"all+train+init"}
+    # its finetune primary absent, a finetune twin is checked as one too
+    lone = [c for c in combos if c["grad_accum_steps"] == 4 and c["tracker"] == "wandb"]
+    falses = [{**c, "finetune": False} for c in lone]
+    assert {p.kind for p in matrix.plans(lone + falses)[: len(lone)]} == {"all+train+init"}
+
+
+# What a finetune combination's plan rests on: its finetune blocks read none of these answers, so
+# one finetune primary a family runs every finetune line its family renders.
+NOT_IN_FINETUNE_BLOCKS = {"tracker", "device", "grad_accum_steps"}
+
+
+def _finetune_block_answers(source: str, whole: bool = False) -> set[str]:
+    """The answers that the finetune lines of a template read: inside `{% if finetune %}` (or the
+    `else` of `{% if not finetune %}`), or anywhere where the file itself is finetune's."""
+    from jinja2 import Environment, nodes
+
+    found: set[str] = set()
+
+    def names(node) -> set[str]:  # find_all leaves out the node itself
+        return {n.name for n in [node, *node.find_all(nodes.Name)] if isinstance(n, nodes.Name)}
+
+    def walk(node, inside: bool) -> None:
+        if inside:
+            found.update(names(node))
+            return
+        if isinstance(node, nodes.If) and "finetune" in names(node.test):
+            negated = isinstance(node.test, nodes.Not)
+            for child in node.else_ if negated else node.body:
+                walk(child, True)
+            for child in [*node.elif_, *(node.body if negated else node.else_)]:
+                walk(child, False)
+            return
+        for child in node.iter_child_nodes():
+            walk(child, False)
+
+    walk(Environment().parse(source), whole)
+    return found
+
+
+def test_the_finetune_blocks_read_no_answer_a_finetune_primary_leaves_out():
+    assert _finetune_block_answers("{% if finetune %}{{ device }}{% endif %}{{ tracker }}") == {
+        "device"
+    }
+    assert (
+        _finetune_block_answers("{% if not finetune %}{{ tracker }}{% else %}x{% endif %}") == set()
+    )
+    assert _finetune_block_answers("{{ grad_accum_steps }}", whole=True) == {"grad_accum_steps"}
+
+    root = Path(__file__).resolve().parent.parent / "templates"
+    for path in root.rglob("*.jinja"):
+        whole = "finetune" in str(path.relative_to(root))
+        read = _finetune_block_answers(path.read_text(encoding="utf-8"), whole)
+        assert not read & NOT_IN_FINETUNE_BLOCKS, (path, read & NOT_IN_FINETUNE_BLOCKS)

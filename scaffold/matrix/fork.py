@@ -199,7 +199,7 @@ def wait_child(pid: int, timeout: float | None) -> int | None:
 def _wait(pid: int, timeout: float | None) -> int | None:
     """The child's wait status once it exits, or None past `timeout` seconds. Woken by the exit
     itself (a pidfd): polling with a growing pause woke up to 100 ms late, and most of the
-    matrix's 1,680 checks (a cross's --help) take about 0.3 s."""
+    matrix's checks (a cross's --help) take about 0.3 s."""
     try:
         pidfd = os.pidfd_open(pid)
     except (AttributeError, OSError):  # Linux before 5.3

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from xml.etree import ElementTree
 
-from scaffold.matrix.twins import CROSS_CHECK
+from scaffold.matrix.twins import CROSS_CHECK, LINT_ONLY
 
 if TYPE_CHECKING:
     from scaffold.matrix.runner import Outcome
@@ -23,10 +23,10 @@ def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
     rendered = sum("render" in o.seconds and o.step != "render" for o in outcomes)
     linted = sum("lint" in o.seconds and o.step != "lint" for o in outcomes)
     checked = sum("check" in o.seconds for o in outcomes)
-    kinds = Counter(o.plan.which for o in outcomes)  # "all", or a twin's check
+    kinds = Counter(o.plan.kind for o in outcomes)  # "all", a twin's check, resume+init, ...
     twins = ", ".join(
-        f"a cross's --help on {n}" if k == CROSS_CHECK else f"a twin's check {k} on {n}"
-        for k, n in sorted(kinds.items(), key=lambda kind: kind[0] == CROSS_CHECK)
+        _kind_count(k, n)
+        for k, n in sorted(kinds.items(), key=lambda kind: kind[0] in (CROSS_CHECK, LINT_ONLY))
         if k != "all"
     )
     lines = [
@@ -50,7 +50,7 @@ def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
             by_task.setdefault(key, []).append(o.total)
         job: dict[str, float] = {}
         for o in outcomes:
-            job[o.plan.which] = job.get(o.plan.which, 0.0) + o.total
+            job[o.plan.kind] = job.get(o.plan.kind, 0.0) + o.total
         lines.append(
             "job time by check (the sum over combinations, all jobs together): "
             + ", ".join(f"{k} {_duration(job[k])} ({kinds[k]})" for k in sorted(job))
@@ -74,19 +74,29 @@ def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
     return "\n".join(lines)
 
 
+def _kind_count(kind: str, count: int) -> str:
+    if kind == CROSS_CHECK:
+        return f"a cross's --help on {count}"
+    if kind == LINT_ONLY:
+        return f"no check (lint only) on {count}"
+    if "+" in kind:
+        return f"checks {', '.join(kind.split('+'))} on {count}"  # a finetune primary's
+    return f"a twin's check {kind} on {count}"
+
+
 FAMILY = ("task", "distributed")  # the rows of the job-time table
 
 
 def _family_table(outcomes: Sequence[Outcome]) -> list[str]:
     """Job time by task and distributed mode: each check's (and count), then render and lint
     together, slowest family first: where the matrix's time goes."""
-    kinds = sorted({o.plan.which for o in outcomes}, key=lambda k: (k != "all", k))
+    kinds = sorted({o.plan.kind for o in outcomes}, key=lambda k: (k != "all", k))
     rows: dict[str, dict[str, list[float]]] = {}
     for o in outcomes:
         name = " ".join(str(o.answers.get(k, "-")) for k in FAMILY)
         row = rows.setdefault(name, {})
         checked = sum(t for step, t in o.seconds.items() if step not in ("render", "lint"))
-        row.setdefault(o.plan.which, []).append(checked)
+        row.setdefault(o.plan.kind, []).append(checked)
         row.setdefault("render+lint", []).append(
             o.seconds.get("render", 0.0) + o.seconds.get("lint", 0.0)
         )

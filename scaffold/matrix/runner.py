@@ -29,7 +29,16 @@ from scaffold.combinations import combination_id
 from scaffold.errors import ScaffoldError
 from scaffold.matrix import fork
 from scaffold.matrix.lint import lint_problems
-from scaffold.matrix.twins import CROSS_CHECK, TWIN_CHECK, Plan, plans
+from scaffold.matrix.twins import (
+    CROSS_CHECK,
+    LINT_ONLY,
+    SOURCE_RUN,
+    SOURCE_STEPS,
+    SOURCE_TRAIN,
+    TWIN_CHECK,
+    Plan,
+    plans,
+)
 
 # copier.yml's longest project name: rendered lines must stay within the line length with it.
 LONGEST_NAME = "a-long-project-name-to-fill-forty-chars1"
@@ -272,6 +281,19 @@ def _run_one(job: Job) -> Outcome:
             project=project,
         )
 
+    def passed(notes: list[str]) -> Outcome:
+        if not job.keep:
+            shutil.rmtree(job.folder, ignore_errors=True)
+        return Outcome(
+            answers=job.answers,
+            passed=True,
+            step="check",
+            seconds=seconds,
+            output="",
+            plan=job.plan,
+            notes=notes,
+        )
+
     start = time.perf_counter()
     try:
         with contextlib.redirect_stdout(sys.stderr):
@@ -286,6 +308,9 @@ def _run_one(job: Job) -> Outcome:
     seconds["lint"] = time.perf_counter() - start
     if problems:
         return fail("lint", "\n".join(problems))
+
+    if job.plan.which == LINT_ONLY:  # every line of it runs elsewhere (scaffold.matrix.twins)
+        return passed(notes=[])
 
     forked = job.fork and not _gpu_present()
     run = _run_forked if forked else _run_fresh
@@ -303,22 +328,17 @@ def _run_one(job: Job) -> Outcome:
     start = time.perf_counter()
     distributed = job.answers.get("distributed", "none") != "none"
     ranks = fork.DDP_PROCESSES if distributed and not cross else 1
-    returncode, output = run(project, job, _check_command(project, job), "check.log", ranks=ranks)
-    seconds["check"] = time.perf_counter() - start
-    passed, notes = ci_passed(returncode, output)  # a loader close call passes, reported
-    if not passed:
-        return fail("check", output)
-    if not job.keep:
-        shutil.rmtree(job.folder, ignore_errors=True)
-    return Outcome(
-        answers=job.answers,
-        passed=True,
-        step="check",
-        seconds=seconds,
-        output="",
-        plan=job.plan,
-        notes=notes,
-    )
+    notes: list[str] = []
+    for which in (job.plan.which, *job.plan.then):  # the next only where the one before passed
+        log = "check.log" if which == job.plan.which else f"check-{which}.log"
+        command = _check_command(project, job, which)
+        returncode, output = run(project, job, command, log, ranks=ranks)
+        seconds["check"] = time.perf_counter() - start
+        ok, said = ci_passed(returncode, output)  # a loader close call passes, reported
+        if not ok:
+            return fail("check", output)
+        notes += said
+    return passed(notes)
 
 
 def _gpu_present() -> bool:
@@ -328,14 +348,21 @@ def _gpu_present() -> bool:
     return torch is not None and torch.cuda.is_available()
 
 
-def _check_command(project: Path, job: Job) -> list[str]:
-    """`python -m <pkg> check all` (a twin's `check resume`), on the CPU unless native_device,
-    with the check sizes; a cross's `python -m <pkg> --help`."""
-    if job.plan.which == CROSS_CHECK:
+def _check_command(project: Path, job: Job, which: str | None = None) -> list[str]:
+    """`python -m <pkg> check all` (a twin's `check resume`; `which`, one of the plan's checks),
+    on the CPU unless native_device, with the check sizes; a cross's `python -m <pkg> --help`."""
+    which = which or job.plan.which
+    if which == CROSS_CHECK:
         return [sys.executable, "-m", project_package(project), "--help"]
     device = None if job.native_device else "cpu"
     options = {**check_sizes(job.answers), **job.plan.options}
-    return check_command(project, which=job.plan.which, device=device, options=options)
+    if which == SOURCE_TRAIN:  # weights for check init to load: a short run at the check sizes
+        command = check_command(project, device=device, options=options)  # python -m pkg check all
+        steps = ["--run-dir", SOURCE_RUN, "--max-steps", str(SOURCE_STEPS)]
+        return [*command[:3], "train", *steps, *command[5:]]
+    if which != job.plan.which:
+        options.update(job.plan.then_options)
+    return check_command(project, which=which, device=device, options=options)
 
 
 def _run_fresh(
@@ -343,8 +370,7 @@ def _run_fresh(
 ) -> tuple[int, str]:
     """Run `command` in a fresh interpreter in its own process group; on timeout, stop the whole
     group (torchrun and its ranks too). A ddp check's command starts its own ranks (the
-    project's torchrun), so `log` is only the forked runner's."""
-    del log
+    project's torchrun). Its output is kept in `log` beside the project, as a forked check's."""
     process = subprocess.Popen(
         command,
         cwd=project,
@@ -361,7 +387,9 @@ def _run_fresh(
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         output, _ = process.communicate()
+        (job.folder / log).write_text(output, encoding="utf-8")
         return -1, f"timed out after {job.timeout:.0f} s\n{output}"
+    (job.folder / log).write_text(output, encoding="utf-8")
     return process.returncode, f"exit status {process.returncode}\n{output}"
 
 

@@ -25,8 +25,8 @@ lint that every combination gets: its project's `python -m <pkg> --help` only, w
 module the command line loads (the tracker's library too) and builds the config's arguments, so a
 render whose modules do not load together fails. It had run `check init` (its data and model built,
 their first losses taken): 1,230 of them took 21 of the matrix's 92 job-minutes in CI, for lines
-its halves run. Counted on the 1,680: crosses are 720 of the 1,500 twins, 180 of them ddp, whose
-resume check is the dearest twin's; with the fsdp twins below, 960.
+its halves run. Counted on the 1,680 finetune-false combinations: crosses are 720 of the 1,500
+twins, 180 of them ddp, whose resume check is the dearest twin's; with the fsdp twins below, 960.
 
 An fsdp twin is a cross too when its ddp *sibling* (the same answers with ddp) is in the run.
 fsdp and ddp renders share their tracker and device lines (rank 0's run log and tracker, the
@@ -37,11 +37,37 @@ the tracker or the device the checks run on, and its primary's `check all` resum
 A compile twin is a cross too when the same twin without compile is in the run. A twin's resume
 check runs without torch.compile (the primary proved the compiled graphs), so the two would run
 the same lines: the compile twin's own rendering adds only what `--compile` switches on, which
-its primary's `check all` runs. Counted on the 1,680: this halves the resume checks, 540 to 270.
+its primary's `check all` runs. Counted on the 1,680 finetune-false combinations: this halves the
+resume checks, 540 to 270.
 
 A twin whose primary is not in the same run (a `--only` slice without it) gets every check; a
 cross whose two halves are not both in it, or an fsdp twin without its sibling, gets the resume
 check.
+
+The `finetune` answer doubles the matrix (1,680 to 3,360), but a finetune combination renders its
+finetune-false twin's lines and the finetune blocks (`--init-from` loading, freezing, EMA), and
+those read task, distributed, precision and compile, never the tracker, the device or the
+accumulation (tests/test_twins.py reads every template's finetune blocks for it). The twin's plan
+runs its lines; a *finetune primary* (tracker none, the checking device, and accumulation 1: the
+cheapest steps) runs the finetune blocks of its family, every other finetune combination the same
+ones. It runs `check resume`, which in a finetune render trains with EMA on and a freeze lifted
+across the interruption, bit for bit, compiled where the answer is (a primary, not a twin), then
+`train` 60 steps at the check sizes and `check init --init-from` the best checkpoint that run
+kept: the weights loaded, and their validation loss against a fresh model's (weights that do not
+start below it fail; the resume check's own 20 steps do not, see SOURCE_TRAIN). Overfit, batch
+and loader, which test the model, the loss and the loader the two share, run in the twin's family
+already.
+Of the other finetune combinations, one that differs from its finetune primary in one of tracker,
+device and accumulation runs its `--help`: its modules, where a tracker's (or the device's, or
+the accumulation's) blocks meet the finetune blocks, load together and build the config's
+options (a clash there is not a lint finding: a dataclass field twice, an option twice). One that
+differs in two or three only renders and lints: each pair of its blocks meets in one of those or
+in its finetune-false twin's plan. Counted on the 3,360: 90 finetune primaries, 480 `--help`,
+1,110 lint only; the finetune-false half's plans are the 1,680's. A family (what a shard keeps
+together) therefore spans the accumulation and finetune too: 90 families of 32 or 48.
+
+Where a finetune combination's primary or its finetune-false twin is not in the run, the finetune
+half follows the rules above by itself, each `check all` followed by the train and `check init`.
 """
 
 from __future__ import annotations
@@ -58,6 +84,21 @@ TWIN_ANSWERS = ("tracker", "device")
 PRIMARY_TRACKER = "none"
 TWIN_CHECK = "resume"
 CROSS_CHECK = "import"  # not a project check: its `--help` (see above)
+LINT_ONLY = "lint"  # no check at all: rendered and linted (a finetune combination, see above)
+
+# A finetune combination's primary: tracker none, the checking device, and no accumulation; the
+# checks its finetune lines need (`check resume` runs EMA and a freeze lifted mid-run there), then
+# `check init` from the best checkpoint of a short `train` (SOURCE_TRAIN, not a check). The resume
+# check's own checkpoints do not do: its 20 steps, in their warmup, left a classification model's
+# validation loss at 1.304 against a fresh model's 1.298, which check init rightly fails; 60 steps
+# of `train` at the check sizes took it to 0.996 (6 s).
+FINETUNE_ANSWERS = (*TWIN_ANSWERS, "grad_accum_steps")
+FINETUNE_PRIMARY_ACCUMULATION = 1
+SOURCE_TRAIN = "train"  # the project's `train` into SOURCE_RUN, SOURCE_STEPS steps
+SOURCE_RUN = "runs/matrix-source"
+SOURCE_STEPS = 60
+FINETUNE_CHECKS = ("resume", SOURCE_TRAIN, "init")
+INIT_SOURCE = f"{SOURCE_RUN}/checkpoints"  # under the project, after SOURCE_TRAIN
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -67,10 +108,25 @@ class Plan:
     which: str  # the project's `check` argument: "all", TWIN_CHECK for a twin; CROSS_CHECK: --help
     options: dict[str, Any]  # config options beyond the check sizes (a twin's --no-compile)
     primary: str | None = None  # the combination whose `check all` covers the rest, for a twin
+    then: tuple[str, ...] = ()  # checks (or SOURCE_TRAIN) run after `which` passed, in order
+    then_options: dict[str, Any] = dataclasses.field(default_factory=dict)  # those checks', beyond
+
+    @property
+    def kind(self) -> str:
+        """What it runs, for counts and tables: `which`, and the checks after it (resume+init)."""
+        return "+".join((self.which, *self.then))
 
     @property
     def label(self) -> str:
-        step = "--help" if self.which == CROSS_CHECK else f"check {self.which}"
+        if self.which == CROSS_CHECK:
+            step = "--help"
+        elif self.which == LINT_ONLY:
+            step = "no check (lint only)"
+        else:
+            step = ", ".join(
+                which if which == SOURCE_TRAIN else f"check {which}"
+                for which in (self.which, *self.then)
+            )
         return step + (f" (twin of {self.primary})" if self.primary else "")
 
 
@@ -85,34 +141,87 @@ def primary_of(answers: dict[str, Any], *, native_device: bool) -> dict[str, Any
     return primary
 
 
+def finetune_primary_of(answers: dict[str, Any], *, native_device: bool) -> dict[str, Any]:
+    """The finetune combination whose checks run the finetune lines of `answers`': its primary
+    (see primary_of), without accumulation."""
+    primary = primary_of(answers, native_device=native_device)
+    if "grad_accum_steps" in primary:
+        primary["grad_accum_steps"] = FINETUNE_PRIMARY_ACCUMULATION
+    return primary
+
+
+# The answers a family leaves out: a finetune combination's primary differs from it in these (the
+# accumulation too), and its finetune-false twin in finetune.
+FAMILY_LEAVES_OUT = (*FINETUNE_ANSWERS, "finetune")
+
+
 def family(answers: dict[str, Any]) -> str:
     """The answers twins share with their primary: one family is checked together (a shard holds
-    whole families, so each twin's primary runs beside it)."""
-    return combination_id({k: v for k, v in answers.items() if k not in TWIN_ANSWERS})
+    whole families, so each twin's primary runs beside it, and each finetune combination its
+    finetune primary and its finetune-false twin)."""
+    return combination_id({k: v for k, v in answers.items() if k not in FAMILY_LEAVES_OUT})
 
 
 def plans(
     combos: Sequence[dict[str, Any]], *, native_device: bool = False, full: bool = False
 ) -> list[Plan]:
     """Each combination's plan: `check all` for primaries, for twins whose primary is not among
-    `combos`, and for everything with `full`; `check resume` for the other twins."""
+    `combos`, and for everything with `full`; `check resume` for the other twins; for finetune
+    combinations, see the module's note (`check init` from trained weights after check all)."""
     present = {combination_id(c) for c in combos}
     result = []
     for answers in combos:
-        primary_answers = primary_of(answers, native_device=native_device)
-        primary = combination_id(primary_answers)
-        if full or primary == combination_id(answers) or primary not in present:
-            result.append(Plan(which="all", options={}))
-            continue
-        options = {"no_compile": None} if answers.get("compile") else {}
-        halves = _halves(answers, primary_answers)
-        cross = len(halves) == 2 and all(combination_id(h) in present for h in halves)
-        sibling = combination_id({**answers, "distributed": "ddp"})  # see the module's note on fsdp
-        cross = cross or (answers.get("distributed") == "fsdp" and sibling in present)
-        cross = cross or (bool(answers.get("compile")) and _uncompiled(answers) in present)
-        which = CROSS_CHECK if cross else TWIN_CHECK
-        result.append(Plan(which=which, options=options, primary=primary))
+        plan = None if full else _finetune_plan(answers, present, native_device=native_device)
+        result.append(plan or _plan(answers, present, native_device=native_device, full=full))
     return result
+
+
+def _plan(answers: dict[str, Any], present: set[str], *, native_device: bool, full: bool) -> Plan:
+    """A primary's, a twin's or a cross's plan (a finetune combination's too, where its finetune
+    primary or its finetune-false twin is not in the run: then the train and check init follow)."""
+    primary_answers = primary_of(answers, native_device=native_device)
+    primary = combination_id(primary_answers)
+    if full or primary == combination_id(answers) or primary not in present:
+        if answers.get("finetune"):
+            then = FINETUNE_CHECKS[1:]
+            return Plan(which="all", options={}, then=then, then_options=_init_from(answers))
+        return Plan(which="all", options={})
+    options = {"no_compile": None} if answers.get("compile") else {}
+    halves = _halves(answers, primary_answers)
+    cross = len(halves) == 2 and all(combination_id(h) in present for h in halves)
+    sibling = combination_id({**answers, "distributed": "ddp"})  # see the module's note on fsdp
+    cross = cross or (answers.get("distributed") == "fsdp" and sibling in present)
+    cross = cross or (bool(answers.get("compile")) and _uncompiled(answers) in present)
+    which = CROSS_CHECK if cross else TWIN_CHECK
+    return Plan(which=which, options=options, primary=primary)
+
+
+def _finetune_plan(
+    answers: dict[str, Any], present: set[str], *, native_device: bool
+) -> Plan | None:
+    """A finetune combination's plan where both its finetune primary and its finetune-false twin
+    are in the run (else None): the primary's resume and init checks; --help for a combination
+    that differs from it in one of tracker, device and accumulation; lint only for the rest."""
+    if not answers.get("finetune"):
+        return None
+    primary_answers = finetune_primary_of(answers, native_device=native_device)
+    primary = combination_id(primary_answers)
+    twin = combination_id({**answers, "finetune": False})
+    if primary not in present or twin not in present:
+        return None
+    if primary == combination_id(answers):
+        first, *then = FINETUNE_CHECKS
+        return Plan(which=first, options={}, then=tuple(then), then_options=_init_from(answers))
+    differs = [k for k in FINETUNE_ANSWERS if answers.get(k) != primary_answers.get(k)]
+    which = CROSS_CHECK if len(differs) == 1 else LINT_ONLY
+    return Plan(which=which, options={}, primary=primary)
+
+
+def _init_from(answers: dict[str, Any]) -> dict[str, Any]:
+    """`check init`'s --init-from: the best checkpoint SOURCE_TRAIN kept (a folder of shards under
+    fsdp)."""
+    best = "best" if answers.get("distributed") == "fsdp" else "best.pt"
+    return {"init_from": f"{INIT_SOURCE}/{best}"}
 
 
 def _uncompiled(answers: dict[str, Any]) -> str:
