@@ -58,6 +58,10 @@ class SequenceModel(nn.Module):
         return self.head(running).squeeze(-1)  # (B, T)
 
 
+# The output head: module-name prefixes that --init-from may re-initialise and that learn at --lr.
+HEAD = ("head",)
+
+
 def build_model(cfg: Config, splits: Splits) -> nn.Module:
     model = SequenceModel if isinstance(splits.train, SequenceDataset) else CurveModel
     return model(splits.train.inputs.shape[1], cfg.hidden_dim, cfg.n_layers, cfg.dropout)

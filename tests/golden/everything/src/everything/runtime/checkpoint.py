@@ -31,7 +31,7 @@ from .distributed import all_gather, barrier
 
 STEP_NAME = re.compile(r"step-(\d+)")
 STATE_FILE = "state.pt"  # everything but the shards, written last
-SHARDED = ("model", "optimizer")  # what Distributed Checkpoint writes in shards
+SHARDED = ("model", "optimizer", "ema")  # what Distributed Checkpoint writes in shards (ema: --ema's average)
 REQUIRED_KEYS = {"scheduler", "state", "rng", "config", "data", "files"}
 
 
@@ -167,7 +167,8 @@ def load(path: Path) -> dict:
         raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__})") from None
     model = {key.removeprefix("model."): t for key, t in tensors.items() if key.startswith("model.")}
     optimizer = {key: t for key, t in tensors.items() if key.startswith("optimizer.")}
-    return {**state, "model": model, "optimizer": optimizer}
+    ema = {key.removeprefix("ema."): t for key, t in tensors.items() if key.startswith("ema.")}
+    return {**state, "model": model, "optimizer": optimizer, "ema": ema}
 
 
 def verify(path: Path) -> dict:
@@ -303,8 +304,10 @@ def _first_failure(error: dcp.api.CheckpointException) -> str:
 
 def export(checkpoint: Path, out: Path) -> Path:
     """The model's weights of a checkpoint folder, whole, as one plain state_dict file: on one
-    process, `model.load_state_dict(torch.load(out, weights_only=True))`."""
-    _write_file(load(checkpoint)["model"], out)
+    process, `model.load_state_dict(torch.load(out, weights_only=True))`; with --ema, the averaged
+    weights."""
+    state = load(checkpoint)
+    _write_file(state["model"] | state["ema"], out)  # the average's parameters, the model's buffers
     return out
 
 
