@@ -141,6 +141,12 @@ def load_shards(path: Path, into: dict) -> dict:
     """The model's and optimizer's shards of a checkpoint, loaded in place into `into` (this
     rank's, from Engine.state_dict()): resharded to however many processes load them."""
     shards = {name: into[name] for name in SHARDED}
+    # A --freeze parameter has no optimizer state before the unfreeze step (AdamW starts it at its
+    # first gradient): where the checkpoint holds none, it gets none here either.
+    saved = FileSystemReader(path).read_metadata().state_dict_metadata
+    moments = shards["optimizer"]["state"]
+    for name in [name for name in moments if f"optimizer.state.{name}.step" not in saved]:
+        del moments[name]
     try:
         dcp.load(shards, checkpoint_id=path)
     except Exception as error:  # DCP raises CheckpointException for any rank's failure

@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict, set_state_dict
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
@@ -459,7 +459,12 @@ def model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
 
 
 def load_model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    # not strict: a --freeze parameter has no optimizer state before the unfreeze step; the model's
+    # keys and shapes are the checkpoint's (checkpoint.py checks them)
+    loose = StateDictOptions(strict=False)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=loose
+    )
 
 
 def validation_batches(n_examples: int, batch_size: int, group: Dist) -> list[torch.Tensor]:

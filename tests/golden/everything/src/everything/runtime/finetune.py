@@ -6,7 +6,6 @@ model and optimizer state, so a resume goes on exactly, across the unfreeze step
 import contextlib
 
 import torch
-from torch.distributed.fsdp import FSDPModule
 
 from ..config import Config, ConfigError
 from ..model import HEAD
@@ -69,7 +68,7 @@ class WeightAverage:
     DECAY 0: no average, and every method does nothing."""
 
     def __init__(self, model: torch.nn.Module, decay: float) -> None:
-        self.model, self.decay = model, decay
+        self.decay = decay
         named = list(model.named_parameters(remove_duplicate=False)) if decay else []
         self.params = list({id(p): p for _, p in named}.values())
         copies = {id(p): p.detach().clone() for p in self.params}
@@ -99,11 +98,6 @@ class WeightAverage:
         finally:
             with torch.no_grad():
                 torch._foreach_copy_(_local(self.params), own)
-            # FSDP's root keeps its gathered weights (the average's) after a forward: the next step's
-            # forward would run with them
-            for module in self.model.modules():
-                if isinstance(module, FSDPModule):
-                    module.reshard()
 
     def state_dict(self) -> dict:
         """The averages by the model's parameter names (DTensors: this rank's shards)."""
