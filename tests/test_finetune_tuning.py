@@ -165,9 +165,10 @@ def test_a_step_the_grad_scaler_skipped_leaves_the_average_alone(tmp_path):
         average = WeightAverage(model, 0.9)
         with torch.no_grad():
             model.weight.add_(1.0)
-        average.update(torch.tensor(False))  # skipped: nothing moves, the step is not counted
+        for skipped in (float("inf"), float("nan")):  # the gradient norm of a step the scaler skipped
+            average.update(torch.tensor(skipped))  # nothing moves, the step is not counted
         assert average.steps.item() == 0 and not torch.equal(average.average[0], model.weight)
-        average.update(torch.tensor(True))  # the first step taken: the average is the weights
+        average.update(torch.tensor(2.5))  # the first step taken: the average is the weights
         assert average.steps.item() == 1 and torch.equal(average.average[0], model.weight)
         print("ok")
         """,

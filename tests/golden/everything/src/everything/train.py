@@ -70,7 +70,7 @@ def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=
     grad_norm = distributed.clip_grad_norm(engine.params, cfg.grad_clip)
     engine.scaler.step(engine.optimizer)  # skipped when the gradients overflowed; the scale then shrinks
     engine.scaler.update()
-    engine.ema.update(grad_norm.isfinite())  # the scaler's own test: a step skipped leaves the average alone
+    engine.ema.update(grad_norm)  # --ema: the weights' moving average, of the steps with finite gradients
     engine.optimizer.zero_grad(set_to_none=True)
     engine.scheduler.step()  # once an optimizer step, not a micro-batch
     mark("done")

@@ -467,6 +467,11 @@ def load_model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, s
     )
 
 
+def local_shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's shards of sharded tensors (DTensors), as plain tensors (foreach kernels take them)."""
+    return [t.to_local() for t in tensors]
+
+
 def validation_batches(n_examples: int, batch_size: int, group: Dist) -> list[torch.Tensor]:
     """This rank's validation batches: every rank as many (each forward gathers the shards, so a
     rank with a batch more would wait for the others forever), of near-equal size, at most

@@ -1,7 +1,7 @@
 """Machinery: what fine-tuning adds to the step. --freeze keeps the weights under some module names,
 and their BatchNorm statistics, as they are until --unfreeze-at; --ema keeps an exponential moving
-average of the weights, which validation, best and `export` use. Both live in every checkpoint's
-model and optimizer state, so a resume goes on exactly, across the unfreeze step too."""
+average of the weights, which validation, best and `export` use. Both live in every
+checkpoint's model and optimizer state, so a resume goes on exactly, across the unfreeze step too."""
 
 import contextlib
 
@@ -9,6 +9,7 @@ import torch
 
 from ..config import Config, ConfigError
 from ..model import HEAD
+from .distributed import local_shards
 
 BATCH_NORMS = torch.nn.BatchNorm1d | torch.nn.BatchNorm2d | torch.nn.BatchNorm3d
 
@@ -60,12 +61,12 @@ class Freezing:
 
 
 class WeightAverage:
-    """--ema DECAY: the weights' moving average. After each optimizer step taken (not one the GradScaler
-    skipped), average += w x (weights - average), with w = max(1 - DECAY, 1 / steps):
-    the plain mean of the weights over the first 1 / (1 - DECAY) steps, then an exponential average,
-    so the weights before the first step (which --init-from replaces) weigh nothing.
-    It averages this rank's parameters (its shards); buffers (BatchNorm's statistics) are the model's own.
-    DECAY 0: no average, and every method does nothing."""
+    """--ema DECAY: the weights' moving average. After each optimizer step with finite gradients,
+    average += w x (weights - average), with w = max(1 - DECAY, 1 / steps): the plain mean of the
+    weights over the first 1 / (1 - DECAY) steps, then an exponential average, so the weights before
+    the first step (which --init-from replaces) weigh nothing. It averages the parameters as this
+    process holds them; buffers (BatchNorm's statistics) are the model's own. DECAY 0: no average,
+    and every method does nothing."""
 
     def __init__(self, model: torch.nn.Module, decay: float) -> None:
         self.decay = decay
@@ -78,11 +79,14 @@ class WeightAverage:
         self.steps = torch.zeros((), device=device)  # a tensor: counted on the device, no sync a step
 
     @torch.no_grad()
-    def update(self, taken: torch.Tensor) -> None:
+    def update(self, grad_norm: torch.Tensor) -> None:
+        """Adds the weights after a step, unless its gradients were not finite (the GradScaler skipped it)."""
         if self.decay:
+            taken = grad_norm.isfinite()
             self.steps += taken
             weight = torch.clamp(1 / self.steps.clamp(min=1), min=1 - self.decay) * taken
-            torch._foreach_lerp_(_local(self.average), _local(self.params), [weight] * len(self.average))
+            average, params = local_shards(self.average), local_shards(self.params)
+            torch._foreach_lerp_(average, params, [weight] * len(average))
 
     @contextlib.contextmanager
     def applied(self):
@@ -90,17 +94,18 @@ class WeightAverage:
         if not self.decay:
             yield
             return
+        params = local_shards(self.params)
         with torch.no_grad():
-            own = [p.detach().clone() for p in _local(self.params)]
-            torch._foreach_copy_(_local(self.params), _local(self.average))
+            own = [p.detach().clone() for p in params]
+            torch._foreach_copy_(params, local_shards(self.average))
         try:
             yield
         finally:
             with torch.no_grad():
-                torch._foreach_copy_(_local(self.params), own)
+                torch._foreach_copy_(params, own)
 
     def state_dict(self) -> dict:
-        """The averages by the model's parameter names (DTensors: this rank's shards)."""
+        """The averages by the model's parameter names, as this process holds them."""
         return dict(self.named)
 
     @torch.no_grad()
@@ -108,8 +113,3 @@ class WeightAverage:
         for name, average in self.named.items():
             average.copy_(averages[name])
         self.steps.copy_(steps)
-
-
-def _local(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """This rank's shards of sharded parameters (DTensors): foreach kernels take plain tensors."""
-    return [t.to_local() for t in tensors]
