@@ -45,14 +45,14 @@ class Freezing:
         modules = [m for name, m in model.named_modules() if under(name, prefixes)]
         self.norms = [m for m in modules if isinstance(m, BATCH_NORMS)]
         self.unfreeze_at = cfg.unfreeze_at
-        self.frozen = bool(self.params)
+        self.at_step(0)
 
     def at_step(self, step: int) -> bool:
         """Freezes or not for the step after `step` steps; True at the unfreeze step itself."""
         self.frozen = bool(self.params) and (self.unfreeze_at == 0 or step < self.unfreeze_at)
         for norm in self.norms:  # after each validation, which puts the whole model back in training mode
             norm.train(not self.frozen)
-        return bool(self.params) and step == self.unfreeze_at
+        return bool(self.params) and step == self.unfreeze_at > 0
 
     def drop_gradients(self) -> None:
         if self.frozen:
