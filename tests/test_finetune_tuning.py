@@ -171,9 +171,13 @@ def test_the_average_leaves_training_alone_validates_and_is_exported(tables):
     [
         (
             ("--freeze", "body,nope"),
-            "--freeze nope: no parameter of the model is under it; its body: body",
+            "--freeze nope: no parameter of the model is under it; its modules: body, head",
         ),
         (("--unfreeze-at", "5"), "--unfreeze-at needs --freeze: nothing is frozen"),
+        (
+            ("--freeze", "head,body"),
+            "--freeze head,body freezes every parameter of the model: nothing would train",
+        ),
         (("--ema", "1"), "ema must be in [0, 1), got 1.0"),
     ],
 )

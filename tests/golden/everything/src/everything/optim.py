@@ -18,7 +18,7 @@ BODY_LR_FACTOR = 0.1
 
 def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.AdamW:
     """AdamW that decays weight matrices only (biases and norm gains are left alone), the head's
-    parameter groups first (the lr logged is theirs), then the body's."""
+    parameter groups first (the lr logged is the first group's), then the body's."""
     body_lr = cfg.lr * BODY_LR_FACTOR if cfg.init_from else cfg.lr
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     groups = []
@@ -29,6 +29,7 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.AdamW:
             {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay, "lr": lr},
             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr},
         ]
+    groups = [group for group in groups if group["params"]]  # a head without biases, say
     # foreach, not fused: the fused step rejects the sharded scaler's overflow flag beside sharded
     # (DTensor) parameters (a shape error, measured on torch 2.13).
     return torch.optim.AdamW(groups, lr=cfg.lr, foreach=True)

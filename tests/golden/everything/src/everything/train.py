@@ -117,7 +117,7 @@ def validate(loop: Loop, val_loader, show: bool) -> bool:
     """Validates and records, printing if `show` or stopping; saves best if better. True: stop early."""
     cfg, state = loop.cfg, loop.state
     distributed.broadcast_buffers(loop.engine.model)  # every rank evaluates rank 0's BatchNorm statistics
-    with loop.engine.ema.applied():  # --ema: the average validates, so best is the best average
+    with loop.engine.ema.applied():  # --ema: validates the averaged weights, which pick the best checkpoint
         metrics = evaluate(loop.engine, val_loader, loop.splits, loop.device)
     loop.run.log(step=state.step, split="val", **metrics)
     if improved := metrics["loss"] < state.best_val_loss:

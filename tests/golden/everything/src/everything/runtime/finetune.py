@@ -19,10 +19,17 @@ def under(name: str, prefixes) -> bool:
     return any(name == prefix or name.startswith(f"{prefix}.") for prefix in prefixes)
 
 
+def top_modules(model: torch.nn.Module) -> list[str]:
+    """The names of the model's top-level modules that hold parameters."""
+    return [name for name, module in model.named_children() if any(True for _ in module.parameters())]
+
+
 def body(model: torch.nn.Module) -> str:
-    """The model's top-level modules with parameters outside HEAD, as a --freeze value."""
-    names = [name for name, module in model.named_children() if any(True for _ in module.parameters())]
-    return ",".join(name for name in names if not under(name, HEAD))
+    """The model's top-level modules outside HEAD, as a --freeze value; none where that is all of
+    them (a HEAD that names none): a model frozen whole would train nothing."""
+    names = top_modules(model)
+    outside = [name for name in names if not under(name, HEAD)]
+    return ",".join(outside) if len(outside) < len(names) else ""
 
 
 class Freezing:
@@ -38,10 +45,15 @@ class Freezing:
         names = [name for name, _ in model.named_parameters()]
         for prefix in prefixes:  # a typo would freeze nothing, silently
             if not any(under(name, [prefix]) for name in names):
+                available = ", ".join(top_modules(model))
                 raise ConfigError(
-                    f"--freeze {prefix}: no parameter of the model is under it; its body: {body(model)}"
+                    f"--freeze {prefix}: no parameter of the model is under it; its modules: {available}"
                 )
         self.params = [p for name, p in model.named_parameters() if under(name, prefixes)]
+        if self.params and len(self.params) == len(names):
+            raise ConfigError(
+                f"--freeze {cfg.freeze} freezes every parameter of the model: nothing would train"
+            )
         modules = [m for name, m in model.named_modules() if under(name, prefixes)]
         self.norms = [m for m in modules if isinstance(m, BATCH_NORMS)]
         self.unfreeze_at = cfg.unfreeze_at

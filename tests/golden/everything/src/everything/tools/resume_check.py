@@ -30,6 +30,7 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
     per_batch = cfg.batch_size * init_distributed(torch.device(cfg.device).type).world_size
     micro_per_epoch = min(training_examples(load_splits(cfg), cfg) // per_batch, 3 * cfg.grad_accum_steps + 1)
     n, mid_epoch_possible = _resume_point(micro_per_epoch, cfg.grad_accum_steps)
+    freeze = cfg.freeze or body(_shape_of(cfg))  # the model's body, unless --freeze names a part
     base = replace(
         cfg,
         max_train_examples=micro_per_epoch * per_batch,
@@ -44,8 +45,8 @@ def resume_matches(cfg: Config, work: Path) -> tuple[bool, str]:
         num_workers=max(1, cfg.num_workers),
         deterministic=True,
         ema=cfg.ema or 0.9,
-        freeze=cfg.freeze or body(_shape_of(cfg)),  # the model's body, unless --freeze names a part
-        unfreeze_at=n + n // 2,  # lifted after the checkpoint: the resumed run crosses the unfreeze step
+        freeze=freeze,
+        unfreeze_at=n + n // 2 if freeze else 0,  # after the checkpoint: the resumed run crosses it
     )
     first, second = _train_then_resume(base, work, n)
     same, covered, detail = _compare(first, second, n, mid_epoch_possible)
@@ -79,6 +80,8 @@ def _frozen_held(base: Config, work: Path, first: Path, n: int) -> tuple[bool, s
     """Whether the --freeze modules' weights and statistics after step N (frozen to step 1.5 N) are
     bit-identical to those after step 1 (of a run of one step: no checkpoint falls there otherwise),
     and have trained by step 2N; and why."""
+    if not base.freeze:
+        return True, "freezing not checked: model.HEAD does not split the model into a body and a head"
     one = work / "one-step"
     train(replace(base, run_dir=str(one), max_steps=1, ckpt_every=1), quiet=True)
     barrier()
