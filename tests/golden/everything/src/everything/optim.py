@@ -20,11 +20,12 @@ def build_optimizer(model: torch.nn.Module, cfg: Config) -> torch.optim.AdamW:
     """AdamW that decays weight matrices only (biases and norm gains are left alone), the head's
     parameter groups first (the lr logged is the first group's), then the body's."""
     body_lr = cfg.lr * BODY_LR_FACTOR if cfg.init_from else cfg.lr
-    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    named = model.named_parameters(remove_duplicate=False)  # a tied weight is the head's under any name
+    head = {id(p) for name, p in named if any(name == h or name.startswith(f"{h}.") for h in HEAD)}
+    trained = [p for p in model.parameters() if p.requires_grad]
     groups = []
-    in_head = {name: any(name == h or name.startswith(f"{h}.") for h in HEAD) for name, _ in named}
-    for head, lr in ((True, cfg.lr), (False, body_lr)):
-        params = [p for name, p in named if in_head[name] == head]
+    for in_head, lr in ((True, cfg.lr), (False, body_lr)):
+        params = [p for p in trained if (id(p) in head) == in_head]
         groups += [
             {"params": [p for p in params if p.ndim >= 2], "weight_decay": cfg.weight_decay, "lr": lr},
             {"params": [p for p in params if p.ndim < 2], "weight_decay": 0.0, "lr": lr},

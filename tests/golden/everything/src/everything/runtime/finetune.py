@@ -25,10 +25,17 @@ def top_modules(model: torch.nn.Module) -> list[str]:
 
 
 def body(model: torch.nn.Module) -> str:
-    """The model's top-level modules outside HEAD, as a --freeze value; none where that is all of
-    them (a HEAD that names none): a model frozen whole would train nothing."""
+    """The model's top-level modules outside HEAD that share no weight with it (GPT's embedding is
+    its output layer's), as a --freeze value; none where that is all of them (a HEAD that names
+    none): a model frozen whole would train nothing."""
+    named = model.named_parameters(remove_duplicate=False)
+    head = {id(p) for name, p in named if under(name, HEAD)}
     names = top_modules(model)
-    outside = [name for name in names if not under(name, HEAD)]
+    outside = [
+        name
+        for name in names
+        if not under(name, HEAD) and not any(id(p) in head for p in model.get_submodule(name).parameters())
+    ]
     return ",".join(outside) if len(outside) < len(names) else ""
 
 
@@ -42,15 +49,15 @@ class Freezing:
 
     def __init__(self, model: torch.nn.Module, cfg: Config) -> None:
         prefixes = [prefix for prefix in cfg.freeze.split(",") if prefix]
-        names = [name for name, _ in model.named_parameters()]
+        named = list(model.named_parameters(remove_duplicate=False))  # a tied weight under each name
         for prefix in prefixes:  # a typo would freeze nothing, silently
-            if not any(under(name, [prefix]) for name in names):
+            if not any(under(name, [prefix]) for name, _ in named):
                 available = ", ".join(top_modules(model))
                 raise ConfigError(
                     f"--freeze {prefix}: no parameter of the model is under it; its modules: {available}"
                 )
-        self.params = [p for name, p in model.named_parameters() if under(name, prefixes)]
-        if self.params and len(self.params) == len(names):
+        self.params = list({id(p): p for name, p in named if under(name, prefixes)}.values())
+        if self.params and len(self.params) == len({id(p) for _, p in named}):
             raise ConfigError(
                 f"--freeze {cfg.freeze} freezes every parameter of the model: nothing would train"
             )
