@@ -1,7 +1,8 @@
 """Machinery: what fine-tuning adds to the step. --freeze keeps the weights under some module names,
 and their BatchNorm statistics, as they are until --unfreeze-at; --ema keeps an exponential moving
-average of the weights, which validation, best and `export` use. Both live in every
-checkpoint's model and optimizer state, so a resume goes on exactly, across the unfreeze step too."""
+average of the weights, which validation, best and `export` use. Every checkpoint holds the
+average, and its optimizer state says which weights AdamW has moved yet: a resume goes on exactly,
+across the unfreeze step too."""
 
 import contextlib
 
