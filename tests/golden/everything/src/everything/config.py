@@ -53,6 +53,10 @@ class Config:
     # Every Nth of model.repeated_blocks recomputes its activations in the backward pass rather than
     # keep them (1: all, 0: off): less memory, more step time, the same results (a resume may change it).
     activation_checkpointing: int = 0
+    # fine-tuning (runtime/finetune.py)
+    freeze: str = fixed("")  # module-name prefixes, comma-separated, whose weights do not train ("": none)
+    unfreeze_at: int = fixed(0)  # steps after which the --freeze modules train too (0: frozen to the end)
+    ema: float = fixed(0.0)  # decay of the weights' average that validates and exports (0: off)
     # validation and early stopping
     eval_every: int = 0  # steps between validations; 0: every epoch, 10 to 200 apart (EVAL_EVERY_MIN/MAX)
     patience: int = 10  # validations without improvement before stopping early (best is kept); 0: never
@@ -87,6 +91,9 @@ class Config:
         _require(self.input_noise >= 0, f"input_noise must be >= 0, got {self.input_noise}")
         _require(0 < self.lr < math.inf, f"lr must be a finite number > 0, got {self.lr}")
         _require(0 <= self.min_lr <= self.lr, f"min_lr must be in [0, lr], got {self.min_lr}")
+        _require(0 <= self.ema < 1, f"ema must be in [0, 1), got {self.ema}")
+        _require(self.unfreeze_at >= 0, f"unfreeze_at must be >= 0, got {self.unfreeze_at}")
+        _require(not self.unfreeze_at or self.freeze, "--unfreeze-at needs --freeze: nothing is frozen")
         _require(self.grad_clip > 0, f"grad_clip must be > 0, got {self.grad_clip}")
         decay = self.weight_decay
         _require(0 <= decay < math.inf, f"weight_decay must be a finite number >= 0, got {decay}")

@@ -65,10 +65,12 @@ def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=
             engine.scaler.scale(loss).backward()
         losses.append(loss.detach())
     mark("optimizer")
+    engine.freezing.drop_gradients()  # --freeze: no update and no weight decay until --unfreeze-at
     engine.scaler.unscale_(engine.optimizer)  # clip the true gradients, not the scaled ones
     grad_norm = distributed.clip_grad_norm(engine.params, cfg.grad_clip)
     engine.scaler.step(engine.optimizer)  # skipped when the gradients overflowed; the scale then shrinks
     engine.scaler.update()
+    engine.ema.update(grad_norm)  # --ema: the weights' moving average, of the steps with finite gradients
     engine.optimizer.zero_grad(set_to_none=True)
     engine.scheduler.step()  # once an optimizer step, not a micro-batch
     mark("done")
@@ -115,7 +117,8 @@ def validate(loop: Loop, val_loader, show: bool) -> bool:
     """Validates and records, printing if `show` or stopping; saves best if better. True: stop early."""
     cfg, state = loop.cfg, loop.state
     distributed.broadcast_buffers(loop.engine.model)  # every rank evaluates rank 0's BatchNorm statistics
-    metrics = evaluate(loop.engine, val_loader, loop.splits, loop.device)
+    with loop.engine.ema.applied():  # --ema: validates the averaged weights, which pick the best checkpoint
+        metrics = evaluate(loop.engine, val_loader, loop.splits, loop.device)
     loop.run.log(step=state.step, split="val", **metrics)
     if improved := metrics["loss"] < state.best_val_loss:
         state.best_val_loss, state.best_step, state.evals_since_best = metrics["loss"], state.step, 0
@@ -143,6 +146,8 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
     while state.step < cfg.max_steps and not stop:
         step_started = time.perf_counter()
         lr = engine.scheduler.get_last_lr()[0]
+        if engine.freezing.at_step(state.step):
+            loop.say(f"step {state.step}: --freeze {cfg.freeze} lifted, its modules train from here")
         loss, grad_norm = train_step(engine, batches, cfg, loop.device)
         skipped += grad_norm.isfinite().logical_not()  # the scaler's own test: inf or NaN grads
         state.step += 1

@@ -32,7 +32,7 @@ from .distributed import all_gather, barrier
 
 STEP_NAME = re.compile(r"step-(\d+)")
 STATE_FILE = "state.pt"  # everything but the shards, written last
-SHARDED = ("model", "optimizer")  # what Distributed Checkpoint writes in shards
+SHARDED = ("model", "optimizer", "ema")  # what Distributed Checkpoint writes in shards (ema: --ema's average)
 REQUIRED_KEYS = {"scheduler", "state", "rng", "config", "data", "files"}
 
 
@@ -142,6 +142,12 @@ def load_shards(path: Path, into: dict) -> dict:
     """The model's and optimizer's shards of a checkpoint, loaded in place into `into` (this
     rank's, from Engine.state_dict()): resharded to however many processes load them."""
     shards = {name: into[name] for name in SHARDED}
+    # A --freeze parameter has no optimizer state before the unfreeze step (AdamW starts it at its
+    # first gradient): where the checkpoint holds none, it gets none here either.
+    saved = FileSystemReader(path).read_metadata().state_dict_metadata
+    moments = shards["optimizer"]["state"]
+    for name in [name for name in moments if f"optimizer.state.{name}.step" not in saved]:
+        del moments[name]
     try:
         dcp.load(shards, checkpoint_id=path)
     except Exception as error:  # DCP raises CheckpointException for any rank's failure
@@ -168,7 +174,8 @@ def load(path: Path) -> dict:
         raise CheckpointError(f"checkpoint {path} is unreadable ({type(error).__name__})") from None
     model = {key.removeprefix("model."): t for key, t in tensors.items() if key.startswith("model.")}
     optimizer = {key: t for key, t in tensors.items() if key.startswith("optimizer.")}
-    return {**state, "model": model, "optimizer": optimizer}
+    ema = {key.removeprefix("ema."): t for key, t in tensors.items() if key.startswith("ema.")}
+    return {**state, "model": model, "optimizer": optimizer, "ema": ema}
 
 
 def verify(path: Path) -> dict:
@@ -304,8 +311,10 @@ def _first_failure(error: dcp.api.CheckpointException) -> str:
 
 def export(checkpoint: Path, out: Path) -> Path:
     """The model's weights of a checkpoint folder, whole, as one plain state_dict file: on one
-    process, `model.load_state_dict(torch.load(out, weights_only=True))`."""
-    model = load(checkpoint)["model"]
+    process, `model.load_state_dict(torch.load(out, weights_only=True))`; with --ema, the averaged
+    weights."""
+    state = load(checkpoint)
+    model = state["model"] | state["ema"]  # the average's parameters (--ema), the model's buffers
     _write_file(model, out)
     save_safetensors(model, out.with_suffix(".safetensors"))  # what --init-from reads, and other tools
     return out

@@ -472,7 +472,17 @@ def model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
 
 
 def load_model_state(model: torch.nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    # not strict: a --freeze parameter has no optimizer state before the unfreeze step; the model's
+    # keys and shapes are the checkpoint's (checkpoint.py checks them)
+    loose = StateDictOptions(strict=False)
+    set_state_dict(
+        model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"], options=loose
+    )
+
+
+def local_shards(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's shards of sharded tensors (DTensors), as plain tensors (foreach kernels take them)."""
+    return [t.to_local() for t in tensors]
 
 
 def validation_batches(n_examples: int, batch_size: int, group: Dist) -> list[torch.Tensor]:

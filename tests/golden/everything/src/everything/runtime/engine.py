@@ -17,6 +17,7 @@ from ..model import build_model
 from ..optim import build_optimizer, lr_factor
 from . import distributed
 from .device import configure
+from .finetune import Freezing, WeightAverage
 
 PRECISION = "fp16"
 AMP_DTYPE = torch.float16  # autocast dtype; losses stay in fp32
@@ -79,6 +80,8 @@ class Engine:
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
         self.scaler = distributed.grad_scaler(device)
+        self.freezing = Freezing(self.model, cfg)  # --freeze, --unfreeze-at
+        self.ema = WeightAverage(self.model, cfg.ema)  # --ema
 
     def set_schedule(self, cfg: Config, horizon: int, step: int) -> None:
         """Decays the learning rate over `horizon` steps, whatever cfg.max_steps now says, for a run
@@ -90,9 +93,11 @@ class Engine:
         model, optimizer = distributed.model_state(self.model, self.optimizer)
         state = {"model": model, "optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
         state["scaler"] = self.scaler.state_dict()
+        state["ema"], state["ema_steps"] = self.ema.state_dict(), self.ema.steps
         return state
 
     def load_state_dict(self, state: dict) -> None:
         distributed.load_model_state(self.model, self.optimizer, state)
         self.scheduler.load_state_dict(state["scheduler"])
         self.scaler.load_state_dict(state["scaler"])
+        self.ema.load_state_dict(state["ema"], state["ema_steps"])

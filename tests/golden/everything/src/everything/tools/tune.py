@@ -44,7 +44,8 @@ def lr_range(cfg: Config, steps: int = RANGE_STEPS) -> list[tuple[float, float]]
     for i in announced(range(steps), "find-lr", "step"):
         lr = LR_START * (LR_END / LR_START) ** (i / (steps - 1))
         for group in engine.optimizer.param_groups:
-            group["lr"] = lr  # the sweep replaces the warmup and decay
+            # the sweep replaces the warmup and decay; a pretrained body keeps its share of --lr (optim.py)
+            group["lr"] = lr * group["initial_lr"] / cfg.lr
         loss = train_step(engine, batches, cfg, device)[0].item()
         if not math.isfinite(loss):
             break
