@@ -16,7 +16,7 @@ RESIDUE = re.compile(r"\{%-?\s|\s-?%\}|\{\{\s|\s\}\}|\{#|#\}|\.jinja\b")
 _TRACKER_MARKERS = {"tensorboard": "SummaryWriter", "wandb": "wandb", "mlflow": "mlflow"}
 _DISTRIBUTED_MARKERS = ("torch.distributed", "torchrun")  # in ddp and fsdp renders alone
 _DDP_MARKERS = ("DistributedDataParallel", "no_sync")
-_FSDP_MARKERS = ("fully_shard", "torch.distributed.checkpoint", "set_requires_gradient_sync")
+_FSDP_MARKERS = ("fully_shard", "torch.distributed.checkpoint as dcp", "set_requires_gradient_sync")
 # What asks a cluster for GPUs, in each launcher of scripts/: SLURM, Kubeflow Trainer, SkyPilot.
 _GPU_REQUESTS = ("--gpus-per-node", "nvidia.com/gpu", "accelerators:")
 
