@@ -2,14 +2,16 @@
 
 SOURCE is a checkpoint of this project (a run's best or a step's, local or RUN_URL/checkpoints/NAME),
 a plain state_dict file (what `export` writes) or a .safetensors file, read without unpickling code
-(weights_only=True, or safetensors). The `module.` and `_orig_mod.` that DDP and torch.compile put
-before names are dropped, and model.from_published renames another layout into the model's.
+(weights_only=True, or safetensors). The `module.` and `_orig_mod.` that data-parallel and compiled
+wrappers put before names (in whatever run wrote SOURCE) are dropped, and model.from_published
+renames another layout into the model's.
 
 Every parameter and buffer is loaded, or the run is refused in one line before any step (exit 2):
 a load that skips a key trains that part from its random start, and nothing says so. The one
 exception is the output head that model.HEAD names: where the source's has another shape (other
 classes), it keeps its fresh initialisation, which the run says and run.json records.
-Under torchrun, rank 0 alone reads SOURCE, and distributed.load_whole_state sends it to every rank.
+Where training runs in several processes, rank 0 alone reads SOURCE; distributed.load_whole_state
+gives it to the others.
 """
 
 import hashlib
@@ -28,7 +30,7 @@ from .distributed import all_gather, is_main_process, load_whole_state
 from .rundir import RunDirError, fetch_checkpoint
 from .store import StoreError, is_url
 
-WRAPPERS = ("module.", "_orig_mod.")  # what DDP and torch.compile put before a parameter's name
+WRAPPERS = ("module.", "_orig_mod.")  # what data-parallel and compiled wrappers put before a name
 CHECKPOINT_KEYS = {"model", "optimizer", "state", "config"}  # a checkpoint file's (any distributed setting's)
 SHOWN = 3  # names shown of each kind of misfit
 
@@ -161,8 +163,8 @@ def widened(source: str, state: dict[str, torch.Tensor], expected: dict[str, tor
 
 
 def unwrapped(name: str) -> str:
-    """A name without what DDP (`module.`, before the whole model's) and torch.compile (`_orig_mod.`,
-    before a compiled model's or block's) put in it."""
+    """A name without what a data-parallel wrapper (`module.`, before the whole model's) and a compiled
+    one (`_orig_mod.`, before a compiled model's or block's) put in it."""
     while name.startswith(WRAPPERS):
         name = name.split(".", 1)[1]
     return name.replace("._orig_mod.", ".")
