@@ -20,6 +20,8 @@ def test_the_primaries_get_check_all_and_every_other_combination_is_their_twin()
     for answers, plan in zip(combos, plans, strict=True):
         if plan.which == "all" or answers["finetune"]:  # finetune ones: their own test below
             continue
+        if by_id[plan.primary]["finetune"]:  # a finetune-false primary: its own test below
+            continue
         primary = by_id[plan.primary]
         differs = {k for k in answers if answers[k] != primary[k]}
         assert differs and differs <= {"tracker", "device"}
@@ -97,14 +99,17 @@ def test_a_compile_twin_resumes_itself_only_without_its_uncompiled_sibling():
     combos = matrix.combinations()
     assert collections.Counter(
         p.which for c, p in zip(combos, matrix.plans(combos), strict=True) if not c["finetune"]
-    ) == {"all": 180, "resume": 270, "import": 1230}
+    ) == {"all": 144, "resume": 270, "import": 1266}  # 36 finetune-false primaries' --help
 
 
 def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
     combos = matrix.combinations()
     plans = matrix.plans(combos)
-    crosses = [
-        c for c, p in zip(combos, plans, strict=True) if p.which == "import" and not c["finetune"]
+    by_id = {combination_id(c): c for c in combos}
+    crosses = [  # not the finetune-false primaries' --help (their own test below)
+        c
+        for c, p in zip(combos, plans, strict=True)
+        if p.which == "import" and not c["finetune"] and not by_id[p.primary]["finetune"]
     ]
     assert crosses
 
@@ -151,8 +156,18 @@ def test_shards_partition_the_matrix_and_keep_each_family_together():
     # a finetune combination's finetune primary and finetune-false twin: it plans as in the whole
     whole = dict(zip(dealt, matrix.plans([c for s in shards for c in s]), strict=True))
     for s in shards:
-        kinds = [(c, p.kind) for c, p in zip(s, matrix.plans(s), strict=True) if c["finetune"]]
-        assert all(whole[combination_id(c)].kind == kind for c, kind in kinds)
+        shard_plans = dict(zip([combination_id(c) for c in s], matrix.plans(s), strict=True))
+        for c in s:
+            kind, in_whole = shard_plans[combination_id(c)].kind, whole[combination_id(c)].kind
+            if c["finetune"] and kind != in_whole:
+                # a shard without an fsdp family's ddp sibling (or a compile family's uncompiled
+                # one) resumes its tracker twins: its finetune-false primary hands over check all
+                assert (in_whole, kind) == ("resume+train+init", "all+train+init")
+                false = shard_plans[combination_id({**c, "finetune": False})]
+                assert (whole[combination_id({**c, "finetune": False})].kind, false.kind) == (
+                    "all",
+                    "import",
+                )
         assert sum(p.which == "all" for p in matrix.plans(s)) == 2 * len(
             {matrix.family(c) for c in s}
         )  # accumulation 1 and 4
@@ -189,7 +204,7 @@ def test_a_finetune_combination_runs_what_its_finetune_lines_need_and_no_more():
 
     assert collections.Counter(
         p.kind for c, p in zip(combos, plans, strict=True) if c["finetune"]
-    ) == {"resume+train+init": 90, "import": 480, "lint": 1110}
+    ) == {"resume+train+init": 54, "all+train+init": 36, "import": 480, "lint": 1110}
     for answers, plan in zip(combos, plans, strict=True):
         if not answers["finetune"]:
             continue
@@ -197,8 +212,8 @@ def test_a_finetune_combination_runs_what_its_finetune_lines_need_and_no_more():
         home = {"tracker": "none", "device": "cpu", "grad_accum_steps": 1}
         differs = {k for k, v in home.items() if answers[k] != v}
         if not differs:
-            assert (plan.which, plan.then, plan.options, plan.primary) == (
-                "resume",
+            assert plan.which in ("resume", "all")  # all: see the finetune-false primaries' test
+            assert (plan.then, plan.options, plan.primary) == (
                 ("train", "init"),
                 {},
                 None,
@@ -209,6 +224,56 @@ def test_a_finetune_combination_runs_what_its_finetune_lines_need_and_no_more():
         assert plan.primary == combination_id({**answers, **home})
         assert plan.which == ("import" if len(differs) == 1 else "lint")
         assert plan.options == {}  # --help and lint compile nothing
+
+
+def test_a_finetune_false_primary_hands_its_check_all_to_its_finetune_primary():
+    """Where its model is the finetune render's and a tracker twin resumes its render, the
+    finetune-false primary runs --help and its finetune primary check all (scaffold.matrix.twins
+    says line by line why nothing goes unrun)."""
+    combos = matrix.combinations()
+    plans = matrix.plans(combos)
+    by_id = {combination_id(c): c for c in combos}
+    plan_of = dict(zip(by_id, plans, strict=True))
+
+    handed = {}
+    for answers, plan in zip(combos, plans, strict=True):
+        if not answers["finetune"] and plan.primary and by_id[plan.primary]["finetune"]:
+            handed[combination_id(answers)] = answers
+            assert plan.primary == combination_id({**answers, "finetune": True})
+            assert (plan.which, plan.then) == ("import", ())
+            finetune = plan_of[plan.primary]
+            assert (finetune.which, finetune.then) == ("all", ("train", "init"))
+    home = {"tracker": "none", "device": "cpu", "grad_accum_steps": 1}
+    assert all(c.items() >= home.items() for c in handed.values())
+    assert {(c["task"], c["distributed"], c["compile"]) for c in handed.values()} == {
+        (task, distributed, compile)
+        for task in ("classification", "regression", "custom")  # image and generation: own models
+        for distributed in ("none", "ddp")  # fsdp's tracker twins are crosses (ddp resumes them)
+        for compile in (False, True)  # compile's are too, but the uncompiled twin resumes them
+    }
+    assert len(handed) == 36  # and the 3 precisions
+    # every other finetune primary still runs check resume, and its false twin check all
+    for cid, plan in plan_of.items():
+        answers = by_id[cid]
+        if answers["finetune"] and plan.which in ("all", "resume") and not plan.primary:
+            false = combination_id({**answers, "finetune": False})
+            assert (plan.which == "all") == (false in handed)
+            assert plan_of[false].which == ("import" if false in handed else "all")
+
+    # no tracker twin resuming its render: the false primary keeps check all
+    alone = matrix.select(combos, ["task=custom", "tracker=none", "device=cpu"])
+    assert {
+        p.which for c, p in zip(alone, matrix.plans(alone), strict=True) if not c["finetune"]
+    } == {"all"}
+    # an fsdp family without its ddp sibling: its tracker twins resume, so it hands over
+    fsdp = matrix.select(combos, ["task=regression", "distributed=fsdp", "compile=no"])
+    fsdp_plans = matrix.plans(fsdp)
+    kinds = {
+        (c["finetune"], p.kind)
+        for c, p in zip(fsdp, fsdp_plans, strict=True)
+        if c["tracker"] == "none" and c["device"] == "cpu" and c["grad_accum_steps"] == 1
+    }
+    assert kinds == {(False, "import"), (True, "all+train+init")}
 
 
 def test_a_finetune_slice_without_its_finetune_false_twins_checks_itself():
@@ -275,3 +340,57 @@ def test_the_finetune_blocks_read_no_answer_a_finetune_primary_leaves_out():
         whole = "finetune" in str(path.relative_to(root))
         read = _finetune_block_answers(path.read_text(encoding="utf-8"), whole)
         assert not read & NOT_IN_FINETUNE_BLOCKS, (path, read & NOT_IN_FINETUNE_BLOCKS)
+
+
+def _finetune_false_answers(source: str) -> tuple[int, set[str]]:
+    """How many finetune-false branches a template has (the `else` of `{% if finetune %}`, the
+    body of `{% if not finetune %}`, `a if finetune else b`'s b) and the answers they read."""
+    from jinja2 import Environment, nodes
+
+    found: set[str] = set()
+    branches = 0
+
+    def names(node) -> set[str]:
+        return {n.name for n in [node, *node.find_all(nodes.Name)] if isinstance(n, nodes.Name)}
+
+    def walk(node) -> None:
+        nonlocal branches
+        if isinstance(node, nodes.If | nodes.CondExpr) and "finetune" in names(node.test):
+            negated = isinstance(node.test, nodes.Not)
+            if isinstance(node, nodes.CondExpr):
+                body, other = [node.expr1], [node.expr2] if node.expr2 else []
+            else:
+                body, other = node.body, [*node.else_]
+                for elif_ in node.elif_:  # `{% if finetune and task == ... %}`'s next test
+                    walk(elif_)
+            for child in body if negated else other:
+                branches += 1
+                found.update(names(child))
+            for child in other if negated else body:
+                walk(child)
+            return
+        for child in node.iter_child_nodes():
+            walk(child)
+
+    walk(Environment().parse(source))
+    return branches, found
+
+
+def test_the_finetune_false_branches_read_no_answer():
+    """What a finetune-false primary hands over rests on it (scaffold.matrix.twins): the lines
+    only a finetune-false render has are the same whatever the other answers, compile included,
+    so its tracker twin's resume check, or that of the same twin without compile, runs them."""
+    assert _finetune_false_answers("{% if finetune %}a{% else %}{{ compile }}{% endif %}") == (
+        1,
+        {"compile"},
+    )
+    assert _finetune_false_answers("{{ 'a' if finetune else tracker }}") == (1, {"tracker"})
+    assert _finetune_false_answers("{% if not finetune %}b{% endif %}{{ device }}") == (1, set())
+
+    root = Path(__file__).resolve().parent.parent / "templates"
+    counted = 0
+    for path in root.rglob("*.jinja"):
+        branches, read = _finetune_false_answers(path.read_text(encoding="utf-8"))
+        counted += branches
+        assert not read, (path, read)
+    assert counted >= 20  # optim.py, train.py, resume_check.py, the checkpoints, the models...

@@ -63,8 +63,50 @@ the accumulation's) blocks meet the finetune blocks, load together and build the
 options (a clash there is not a lint finding: a dataclass field twice, an option twice). One that
 differs in two or three only renders and lints: each pair of its blocks meets in one of those or
 in its finetune-false twin's plan. Counted on the 3,360: 90 finetune primaries, 480 `--help`,
-1,110 lint only; the finetune-false half's plans are the 1,680's. A family (what a shard keeps
-together) therefore spans the accumulation and finetune too: 90 families of 32 or 48.
+1,110 lint only; the finetune-false half's plans are the 1,680's, but for the finetune-false
+primaries below. A family (what a shard keeps together) therefore spans the accumulation and
+finetune too: 90 families of 32 or 48.
+
+The finetune primary takes its finetune-false twin's `check all` too (then runs the train and
+`check init` as above), and that twin, the *finetune-false primary* (the same answers with
+finetune false), runs its `--help` only, where (a) its task's model is the same code in both
+renders (classification, regression, custom), and (b) a twin of it that differs in the tracker
+only runs `check resume` in the run, or, for a compile primary, such a twin of the same primary
+without compile (its own tracker twins are then crosses: a twin's resume check runs without
+torch.compile, so the uncompiled twin's resume runs their lines; tests/test_twins.py reads every
+template's finetune-false branches and finds they read no answer, compile neither).
+
+A finetune render is not literally the finetune-false render plus the finetune blocks: the
+`{% else %}` of finetune, and `... if finetune else ...`, leave the false render lines of its own.
+Rendered both ways and diffed (every task and distributed, compile on), they are, with what runs
+them under this plan:
+- optim.py's `build_optimizer`: weight matrices decayed, biases and gains not. The finetune one
+  splits the same two groups into the head's and the body's, at the same learning rate unless
+  `--init-from` is given, so `check all`'s overfit steps the finetune render's optimizer exactly as
+  the false one's (AdamW is per parameter); the false function itself trains in (b)'s resume check.
+- train.py's validation call (the finetune one validates the `--ema` average, off by default) and
+  tools/resume_check.py's comparison of the model and optimizer (the finetune one adds the
+  average): (b)'s resume check runs both, a train, a crash and a resume, compared bit for bit.
+- under fsdp, checkpoint.py's sharded keys and distributed.py's `set_state_dict` call (the
+  finetune ones carry the average): (b)'s resume check, an fsdp render's. But an fsdp family's
+  tracker twins are crosses where the ddp sibling is in the run, so there (b) fails and the false
+  primary keeps its `check all` (a shard without the sibling resumes them, and hands it over).
+- image's and generation's model.py (a model of their own; the finetune one takes a published
+  layout, torchvision's ResNet-18 or GPT-2), generation's prepare.py and tokenizer option, their
+  config's construction: overfit, batch and init test the model, and only the false primary's
+  `check all` runs them on the false one, so (a) keeps it for those two tasks.
+- checkpoint.py's export, predict.py's and sample.py's load, tools/tune.py's sweep: no check runs
+  them under either plan, so this one loses nothing there.
+
+What `check all` adds to the resume check, overfit, batch, init and loader, is tools/checks.py
+(no false-only line: the same file in both renders but for finetune blocks) on the model, the
+loss, the optimizer step and the loader, which in (a)'s tasks the two renders share line for line;
+(b)'s resume check runs the rest of the false render, its tracker's lines too; with compile, the
+finetune primary's `check all` runs the compiled graphs of the model both renders share. So each
+such family runs one resume check fewer (the false primary's; the finetune primary's check all
+includes its own). Counted on the 3,360: 36 families (classification, regression and custom; none
+and ddp; the 3 precisions; compile or not): 144 `check all` in the false half (of 180), and 36
+finetune primaries run `check all` then the train and init, 54 `check resume` then them.
 
 Where a finetune combination's primary or its finetune-false twin is not in the run, the finetune
 half follows the rules above by itself, each `check all` followed by the train and `check init`.
@@ -98,6 +140,10 @@ SOURCE_TRAIN = "train"  # the project's `train` into SOURCE_RUN, SOURCE_STEPS st
 SOURCE_RUN = "runs/matrix-source"
 SOURCE_STEPS = 60
 FINETUNE_CHECKS = ("resume", SOURCE_TRAIN, "init")
+# The tasks whose finetune-false render has a model of its own: model.py's `{% else %}` of
+# finetune (the finetune render's model takes a published layout, torchvision's ResNet-18 or
+# Hugging Face's GPT-2), so overfit, batch and init on the finetune model do not test it.
+OWN_FALSE_MODEL = ("image", "generation")
 INIT_SOURCE = f"{SOURCE_RUN}/checkpoints"  # under the project, after SOURCE_TRAIN
 
 
@@ -169,11 +215,46 @@ def plans(
     `combos`, and for everything with `full`; `check resume` for the other twins; for finetune
     combinations, see the module's note (`check init` from trained weights after check all)."""
     present = {combination_id(c) for c in combos}
+    resumed = set() if full else _resumed(combos, present, native_device=native_device)
     result = []
     for answers in combos:
-        plan = None if full else _finetune_plan(answers, present, native_device=native_device)
+        plan = None
+        if not full:
+            plan = _finetune_plan(answers, present, resumed, native_device=native_device)
         result.append(plan or _plan(answers, present, native_device=native_device, full=full))
     return result
+
+
+def _resumed(
+    combos: Sequence[dict[str, Any]], present: set[str], *, native_device: bool
+) -> set[str]:
+    """The primaries with a twin in the run that differs from them in the tracker only and runs
+    `check resume` (a twin that is no cross): every line of the primary's render trains there; and
+    the same primaries with compile (whose compile twins resume without it, the same lines)."""
+    resumed = set()
+    for answers in combos:
+        primary_answers = primary_of(answers, native_device=native_device)
+        differs = [k for k in TWIN_ANSWERS if answers.get(k) != primary_answers.get(k)]
+        if differs != ["tracker"]:
+            continue
+        if _plan(answers, present, native_device=native_device, full=False).which == TWIN_CHECK:
+            resumed.add(combination_id(primary_answers))
+            if answers.get("compile") is False:  # a compile twin would resume the same lines
+                resumed.add(combination_id({**primary_answers, "compile": True}))
+    return resumed
+
+
+def _hands_over(answers: dict[str, Any], present: set[str], resumed: set[str]) -> bool:
+    """Whether a finetune-false primary leaves its `check all` to its finetune twin, the finetune
+    primary, and runs its `--help` (see the module's note)."""
+    return (
+        "finetune" in answers
+        and not answers["finetune"]
+        and answers.get("task") not in OWN_FALSE_MODEL
+        and answers.get("grad_accum_steps", 1) == FINETUNE_PRIMARY_ACCUMULATION
+        and combination_id(answers) in resumed
+        and combination_id({**answers, "finetune": True}) in present
+    )
 
 
 def _plan(answers: dict[str, Any], present: set[str], *, native_device: bool, full: bool) -> Plan:
@@ -197,12 +278,16 @@ def _plan(answers: dict[str, Any], present: set[str], *, native_device: bool, fu
 
 
 def _finetune_plan(
-    answers: dict[str, Any], present: set[str], *, native_device: bool
+    answers: dict[str, Any], present: set[str], resumed: set[str], *, native_device: bool
 ) -> Plan | None:
     """A finetune combination's plan where both its finetune primary and its finetune-false twin
-    are in the run (else None): the primary's resume and init checks; --help for a combination
-    that differs from it in one of tracker, device and accumulation; lint only for the rest."""
+    are in the run (else None): the primary's resume (or all, see _hands_over) and init checks;
+    --help for a combination that differs from it in one of tracker, device and accumulation;
+    lint only for the rest. And --help for a finetune-false primary that hands over check all."""
     if not answers.get("finetune"):
+        if _hands_over(answers, present, resumed):
+            finetune = combination_id({**answers, "finetune": True})
+            return Plan(which=CROSS_CHECK, options={}, primary=finetune)
         return None
     primary_answers = finetune_primary_of(answers, native_device=native_device)
     primary = combination_id(primary_answers)
@@ -211,6 +296,8 @@ def _finetune_plan(
         return None
     if primary == combination_id(answers):
         first, *then = FINETUNE_CHECKS
+        if _hands_over({**answers, "finetune": False}, present, resumed):
+            first = "all"  # its finetune-false twin's check all, which then runs --help
         return Plan(which=first, options={}, then=tuple(then), then_options=_init_from(answers))
     differs = [k for k in FINETUNE_ANSWERS if answers.get(k) != primary_answers.get(k)]
     which = CROSS_CHECK if len(differs) == 1 else LINT_ONLY
