@@ -38,7 +38,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
@@ -224,6 +224,9 @@ def load_whole_state(model: torch.nn.Module, state: dict[str, torch.Tensor]) -> 
     """--init-from's weights, whole on rank 0 (`state`, which weights.py checked; {} on the others),
     into every rank's shards: sent tensor by tensor, so no rank holds a second whole copy.
     The keys it leaves out (a head kept freshly initialised) keep each rank's values."""
+    for module in model.modules():  # a forward leaves the root's parameters whole, kept for its backward
+        if isinstance(module, FSDPModule):
+            module.reshard()
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     set_model_state_dict(model, state, options=options)
 

@@ -15,7 +15,6 @@ gives it to the others.
 """
 
 import hashlib
-import pickle
 import warnings
 from pathlib import Path
 
@@ -120,12 +119,12 @@ def read(source: str) -> tuple[dict[str, torch.Tensor], str]:
         with warnings.catch_warnings():  # of a pickle protocol it may not read: the outcome is said below
             warnings.simplefilter("ignore")
             payload = torch.load(path, map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:  # weights_only's refusal: an object whose unpickling could run code
-        raise WeightsError(
-            f"--init-from {source} holds pickled objects, not only tensors: torch.load(weights_only=True)"
-            " refuses them, as their unpickling could run code; save its state_dict() instead"
-        ) from None
     except Exception as error:  # truncated, zero bytes, not a torch file: torch raises several types
+        if str(error).startswith("Weights only load failed"):  # an object whose unpickling could run code
+            raise WeightsError(
+                f"--init-from {source} holds pickled objects, not only tensors: torch.load(weights_only=True)"
+                " refuses them, as their unpickling could run code; save its state_dict() instead"
+            ) from None
         raise WeightsError(f"--init-from {source} is unreadable ({type(error).__name__})") from None
     if isinstance(payload, dict) and payload.keys() >= CHECKPOINT_KEYS:
         if "digest" in payload and payload.pop("digest") != checkpoint.digest(payload):
