@@ -25,7 +25,8 @@ scratch run took to reach it (validations every --eval-every steps: that is the 
   weight loads and nothing is re-initialised. A 2-layer, 96-wide model over 64-byte windows, to
   fit a shared CPU. How long the pretraining is decides it (measured, 1 thread a run): after 600
   steps (KJV validation loss 1.91) the fine-tune reached the scratch run's best (2.069, step 400)
-  at step 140, 35%; after 2,000 (1.56), at step 60, 15%.
+  at step 140, 35%; after 2,000 (1.56), at step 60, 15%. Since the body learns at a tenth of
+  the lr under --init-from (optim.py's BODY_LR_FACTOR, the same --lr): at step 80, 20%.
 - image: scikit-learn's handwritten digits (1,797 8x8 images), digits 0-5 for pretraining and
   digits 6-9 (714 images, none of them seen) for the fine-tune, written as PNG class folders: the
   classifier of 6 classes is re-initialised for 4 (the model's HEAD), the rest loads. The
