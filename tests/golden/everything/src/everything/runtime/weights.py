@@ -106,9 +106,9 @@ def read(source: str) -> tuple[dict[str, torch.Tensor], str]:
             tensors = checkpoint.load(path)["model"]
         except checkpoint.CheckpointError as error:
             raise WeightsError(f"--init-from: {error}") from None
-        digests = "".join(f"{p.name} {file_sha256(p)}\n" for p in sorted(path.iterdir()))
+        digests = "".join(f"{p.name} {checkpoint.file_digest(p)}\n" for p in sorted(path.iterdir()))
         return tensors, hashlib.sha256(digests.encode()).hexdigest()
-    sha256 = file_sha256(path)
+    sha256 = checkpoint.file_digest(path)
     if path.suffix == ".safetensors":
         try:
             return load_file(path), sha256
@@ -183,11 +183,3 @@ def size(t: torch.Tensor) -> str:
 
 def dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
