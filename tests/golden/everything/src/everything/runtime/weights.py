@@ -26,6 +26,7 @@ from ..config import ConfigError
 from ..model import HEAD, from_published
 from . import checkpoint
 from .distributed import all_gather, is_main_process, load_whole_state
+from .finetune import under
 from .rundir import RunDirError, fetch_checkpoint
 from .store import StoreError, is_url
 
@@ -63,9 +64,9 @@ def prepare(source: str, expected: dict[str, torch.Tensor]) -> tuple[dict, dict,
     run.json record, the lines to say. Anything but an exact fit (the head aside) is refused."""
     tensors, sha256 = read(source)
     state = from_published({unwrapped(name): t for name, t in tensors.items()})
-    kept = [k for k in expected if in_head(k) and (k not in state or state[k].shape != expected[k].shape)]
+    kept = [k for k in expected if under(k, HEAD) and (k not in state or state[k].shape != expected[k].shape)]
     missing = [k for k in expected if k not in state and k not in kept]
-    unexpected = [k for k in state if k not in expected and not in_head(k)]
+    unexpected = [k for k in state if k not in expected and not under(k, HEAD)]
     reshaped = [
         f"{k}: {size(state[k])}, here {size(expected[k])}"
         for k in expected
@@ -167,10 +168,6 @@ def unwrapped(name: str) -> str:
     while name.startswith(WRAPPERS):
         name = name.split(".", 1)[1]
     return name.replace("._orig_mod.", ".")
-
-
-def in_head(name: str) -> bool:
-    return any(name == head or name.startswith(f"{head}.") for head in HEAD)
 
 
 def shown(names: list[str]) -> str:
