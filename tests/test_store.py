@@ -71,6 +71,22 @@ def remove_unlisted(self, manifests):
     return _remove_unlisted(self, manifests)
 store.RunStore._remove_unlisted = remove_unlisted
 """
+# Sends SIGTERM to the process as it prints step SIGTERM_AT: the signal is caught before the next
+# step begins, so the run stops, with a checkpoint, at step SIGTERM_AT + 1 however loaded the
+# machine is (a signal from the test, sent when it reads that line, can land a step later).
+SIGTERM_AT = """
+import os, signal, sys
+class _Stdout:
+    def __init__(self, out):
+        self._out = out
+    def __getattr__(self, name):
+        return getattr(self._out, name)
+    def write(self, text):
+        if text.startswith("step " + os.environ["SIGTERM_AT"] + "/"):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self._out.write(text)
+sys.stdout = _Stdout(sys.stdout)
+"""
 KILL_AT_MANIFEST = """
 import json, os, signal
 _dumps = json.dumps
@@ -186,11 +202,10 @@ def env_for(project: Path, endpoint: str, cache: Path, **extra) -> dict:
 
 
 def train(
-    project, url, cwd, env, stop_at: int | None = None, signum=signal.SIGKILL, at=None, args=()
+    project, url, cwd, env, stop_at: int | None = None, at=None, args=()
 ) -> tuple[int, str, str]:
     """Trains the run at `url` from `cwd`; with `stop_at`, SIGKILLs it (its group) once it printed
-    that step, or sends `signum` to it alone, which stops it at its next step with a checkpoint;
-    `at` maps steps to calls made with the process once it printed them."""
+    that step; `at` maps steps to calls made with the process once it printed them."""
     command = _command(project, ["train", "--run-dir", url, *SMALL_RUN, *args])
     with subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -203,10 +218,6 @@ def train(
                 if line.startswith(f"step {step}/"):
                     call(proc)
             if stop_at is not None and line.startswith(f"step {stop_at}/"):
-                if signum != signal.SIGKILL:
-                    proc.send_signal(signum)
-                    stop_at = None
-                    continue
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
         stdout, stderr = "".join(out) + proc.stdout.read(), proc.stderr.read()
@@ -522,9 +533,14 @@ def test_a_lost_best_object_loses_the_best_model_alone_and_says_so(
     project, reference, endpoint, tmp_path, stop_at
 ):
     url, prefix = f"s3://runs/best-{stop_at}", f"best-{stop_at}"
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(SIGTERM_AT)
     env = env_for(project, endpoint, tmp_path / "cache-1")
-    code, _, _ = train(project, url, project, env, stop_at=stop_at, signum=signal.SIGTERM)
+    env = {**env, "PYTHONPATH": f"{inject}:{env['PYTHONPATH']}", "SIGTERM_AT": str(stop_at)}
+    code, _, stderr = train(project, url, project, env)
     assert code == 128 + signal.SIGTERM
+    assert f"stopped at step {stop_at + 1} by SIGTERM" in stderr, stderr
     for name in stored(endpoint, prefix):  # every manifest lists the one best object
         if name.startswith("checkpoints/best-"):
             client(endpoint).delete_object(Bucket="runs", Key=f"{prefix}/{name}")
