@@ -308,3 +308,64 @@ def test_training_from_a_shard_folder_is_repeatable_to_the_byte(prepared, task):
     assert metrics[0] == metrics[1]
     steps = [json.loads(line) for line in metrics[0].splitlines()]
     assert [r["step"] for r in steps if r["split"] == "val"] == [10, 20]
+
+
+def test_generation_prepares_to_a_url_that_trains_inspects_and_samples(projects, tmp_path):
+    """Shards written to a store (moto's S3 server): every object the index names, the index last;
+    `train`, `inspect-data` and `sample` (the BPE tokenizer of the index's files) read them."""
+    pytest.importorskip("moto")
+    import boto3
+    from test_store import KEYS, moto_server, s3_keys
+
+    project, corpus = projects("generation"), tmp_path / "corpus.txt"
+    words = np.random.default_rng(0).choice(
+        ["the", "cat", "sees", "a", "red", "ball", "by", "sea"], 6000
+    )
+    corpus.write_text(
+        "".join(f"{word}\n" if i % 10 == 9 else f"{word} " for i, word in enumerate(words))
+    )
+    with moto_server() as endpoint:
+        store = boto3.client("s3", endpoint_url=endpoint, **s3_keys())
+        store.create_bucket(Bucket="data")
+        env = {
+            **_env(project),
+            **KEYS,
+            "AWS_ENDPOINT_URL": endpoint,
+            "XDG_CACHE_HOME": str(tmp_path),
+        }
+        url = "s3://data/corpus"
+
+        def command(*args: object) -> subprocess.CompletedProcess[str]:
+            done = subprocess.run(
+                [sys.executable, "-m", "demo", *map(str, args)],
+                cwd=project, env=env, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            return done
+
+        prepare = ("--tokenizer", "bpe", "--vocab-size", "300", "--shard-mb", "0.01")
+        command("prepare", "--data", corpus, "--out", url, *prepare)
+        objects = store.list_objects_v2(Bucket="data", Prefix="corpus/")["Contents"]
+        stored = {o["Key"].split("/", 1)[1]: o["Size"] for o in objects}
+        index = json.loads(store.get_object(Bucket="data", Key="corpus/index.json")["Body"].read())
+        named = {**index["files"], **{e["name"]: e for s in index["splits"].values() for e in s}}
+        assert stored == {"index.json": stored["index.json"]} | {
+            n: e["bytes"] for n, e in named.items()
+        }
+        assert len(index["splits"]["train"]) >= 2 and index["meta"]["tokenizer"] == "bpe"
+        assert "train: " in command("inspect-data", "--data", url).stdout
+        command(
+            "train",
+            "--data",
+            url,
+            "--run-dir",
+            "runs/url",
+            "--max-steps",
+            "10",
+            "--batch-size",
+            "8",
+        )
+        sampled = command(
+            "sample", "--checkpoint", "runs/url/checkpoints/best.pt", "--max-new-tokens", "5"
+        )
+        assert sampled.stdout.strip()
