@@ -3,11 +3,14 @@
     python -m everything prepare --data SOURCE --out s3://bucket/data  # or a folder
     python -m everything train --data s3://bucket/data --cache-size 20GB
 
-The folder (or URL prefix) holds index.json, naming each shard with its size, example count and
-SHA-256, and the shards beside it (README.md, "Streamed data"). A folder is read in place. A URL's
-shards are fetched into $XDG_CACHE_HOME/everything/shards/, verified, a window of shards ahead of
-need by a thread of the main process, and deleted once every batch that reads them is read: the
-disk holds --cache-size at most, so a data set larger than the disk trains.
+The folder (or URL prefix) holds the shards and index.json, written last (JSON, readable without
+the project): {"format": "scaffold-shards", "version": 1, "task", "meta" (what the task's reader
+needs), "files" (extra files by name: {"bytes", "sha256"}), "splits": {"train": [...], "val": [...]}},
+each shard {"name", "bytes", "examples", "sha256"}. A folder is read in place. A URL's shards are
+fetched into $XDG_CACHE_HOME/everything/shards/, verified, a window of shards ahead of need
+by a thread of the main process, and deleted once every batch that reads them is read: the disk
+holds --cache-size at most, so a data set larger than the disk trains. A missing index or shard,
+or one fetched twice and damaged both times, is one line and exit 2.
 
 The order of an epoch is keyed by (seed, epoch) alone: the shards shuffled, cut into windows of
 --shuffle-window shards, the examples of each window shuffled. Global batch b is positions
@@ -17,6 +20,8 @@ number of processes sees the global batches of one that never stopped.
 A store that goes away is retried (1 s doubling to 30 s) for --fetch-retry-minutes while training
 goes on with what is cached; then the run stops at the end of its step with a checkpoint, as a
 stop signal (SIGUSR1, exit 138) stops it, and the same command resumes it once the store is back.
+A read that cannot wait for the prefetch (the cache ran dry) fetches the shard itself, retried as
+long; given up, it ends the run in one line (exit 1): the last checkpoint stands.
 """
 
 import contextlib
@@ -40,7 +45,7 @@ from torch.utils.data import Dataset
 from ..config import Config, ConfigError
 from .loader import Shuffle
 from .stopping import request_stop
-from .store import cache_dir, is_url
+from .store import StoreError, cache_dir, is_url
 
 FORMAT, VERSION = "scaffold-shards", 1
 INDEX = "index.json"
@@ -53,8 +58,8 @@ class ShardError(ConfigError):
     """A missing index or shard, a damaged shard, a store given up on: one line, exit 2."""
 
 
-class StoreAway(ShardError):
-    """The store stayed unreachable past --fetch-retry-minutes."""
+class StoreAway(StoreError):
+    """The store stayed unreachable past --fetch-retry-minutes: one line, exit 1."""
 
 
 class ShardReader(Protocol):
@@ -171,13 +176,13 @@ def url_to_fs(url: str):
 
 @contextlib.contextmanager
 def reaching(url: str):
-    """A store library's failure (each raises its own types) as a ShardError naming `url`."""
+    """A store library's failure (each raises its own types) as a StoreError naming `url`."""
     try:
         yield
-    except (ShardError, FileNotFoundError):
+    except (ShardError, StoreError, FileNotFoundError):
         raise
     except Exception as error:
-        raise ShardError(f"cannot reach {url}: {_reason(error)}") from None
+        raise StoreError(f"cannot reach {url}: {_reason(error)}") from None
 
 
 def _reason(error: Exception) -> str:
@@ -230,10 +235,14 @@ class Shards:
         self.retry_s = cfg.fetch_retry_minutes * 60
         self.lock = threading.Lock()  # one fetch at a time in a process: the prefetch or a read
         self.peak = 0  # the most bytes the cache held, measured after each fetch
+        self.fetching = 0.0  # seconds this process spent fetching (the loader check compares it)
         self._store = None  # (filesystem, root) of a URL
         self.refused: dict[str, ShardError] = {}  # damaged shards: fetched twice already
         if self.remote:
             self.folder.mkdir(parents=True, exist_ok=True)
+            for part in self.folder.glob(".*.download"):  # .NAME.PID-THREAD.download: a killed fetch's
+                if not _alive(int(part.name.rsplit(".", 2)[1].split("-")[0])):
+                    part.unlink(missing_ok=True)
 
     def __getstate__(self) -> dict:  # for loader workers: a lock does not pickle
         return self.__dict__ | {"lock": None, "_store": None}
@@ -253,10 +262,10 @@ class Shards:
     def path(self, name: str) -> Path:
         """The local file of shard `name`, fetched first if a URL's and not in the cache."""
         path = self.folder / name
-        if name in self.refused:
-            raise self.refused[name]
         if self.remote and not path.exists():
             with self.lock:
+                if name in self.refused:
+                    raise self.refused[name]
                 if not path.exists():  # fetched by the prefetch meanwhile
                     self.fetch(name)
         return path
@@ -264,13 +273,15 @@ class Shards:
     def fetch(self, name: str) -> None:
         """Fetches `name` into the cache, its digest checked: a mismatch is fetched again once."""
         entry, url = self.entries[name], f"{self.source}/{name}"
-        part = self.folder / f".{name}.download{os.getpid()}"
+        part = self.folder / f".{name}.{os.getpid()}-{threading.get_ident()}.download"
         for attempt in (1, 2):
+            started = time.perf_counter()
             self.retried(url, lambda: self.get(name, part))
+            self.fetching += time.perf_counter() - started
             found = file_sha256(part)
             if found == entry["sha256"]:
+                self.peak = max(self.peak, self.cached_bytes())  # the download counted
                 os.replace(part, self.folder / name)
-                self.peak = max(self.peak, self.cached_bytes())
                 return
             part.unlink()
             if attempt == 1:
@@ -291,7 +302,7 @@ class Shards:
                 return
             except FileNotFoundError:
                 raise ShardError(f"{url} is missing: the index names it (prepare the data again)") from None
-            except ShardError as error:
+            except StoreError as error:
                 if away is None:
                     away = time.monotonic()
                     print(f"warning: {error}; retrying for {self.retry_s:.0f} s", file=sys.stderr)
@@ -299,6 +310,16 @@ class Shards:
                     raise StoreAway(f"{error}; retried for {time.monotonic() - away:.0f} s") from None
                 time.sleep(wait)
                 wait = min(2 * wait, 30)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # no signal: asks whether it exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 class Order:
@@ -410,6 +431,7 @@ class Prefetch:
         self.keep = keep  # the validation shards and the extra files: read again and again
         self.recent = deque(maxlen=in_flight + IN_FLIGHT)  # (order, position) of the batches sampled last
         self.wake = threading.Event()
+        self.wake.set()  # the kept files first, at the start: validation must not wait for the store
         threading.Thread(target=self._run, daemon=True, name="prefetch").start()
 
     def sampled(self, order: Order, position: int) -> None:
@@ -433,10 +455,10 @@ class Prefetch:
                 self.wake.wait()
                 self.wake.clear()
                 wanted = self.wanted()
-                for path in self.shards.folder.iterdir():
+                for path in self.shards.folder.iterdir() if wanted else ():  # none before training
                     if path.name not in {*wanted, *self.keep} and not path.name.startswith("."):
                         path.unlink(missing_ok=True)  # every batch that reads it is read
-                for name in wanted:
+                for name in [*sorted(self.keep), *wanted]:
                     if (self.shards.folder / name).exists():
                         continue
                     if self.shards.cached_bytes() + self.shards.entries[name]["bytes"] > self.limit:
@@ -448,7 +470,7 @@ class Prefetch:
                         break  # the sampler moved on: what is wanted now
         except StoreAway as error:  # the loop stops at the end of its step, with a checkpoint
             request_stop(f"an unreachable data store ({error})")
-        except ShardError:
+        except (ShardError, StoreError):
             pass  # a missing or damaged shard: the read that needs it says so
 
 
