@@ -298,7 +298,9 @@ def test_a_csv_with_text_columns_is_sharded_as_read_and_validates_as_the_csv_doe
 
 
 @pytest.mark.parametrize("task", TASKS)
-def test_training_from_a_shard_folder_is_repeatable_to_the_byte(prepared, task):
+def test_training_from_a_shard_folder_is_repeatable_to_the_byte(prepared, task, tmp_path):
+    """Two runs of 20 steps, the same records to the byte; `predict` takes their checkpoint (an
+    image, rows of a table: a validation shard's, read with tarfile and pyarrow)."""
     project, shards = prepared(task)
     metrics = []
     for name in ("first", "second"):
@@ -308,6 +310,20 @@ def test_training_from_a_shard_folder_is_repeatable_to_the_byte(prepared, task):
     assert metrics[0] == metrics[1]
     steps = [json.loads(line) for line in metrics[0].splitlines()]
     assert [r["step"] for r in steps if r["split"] == "val"] == [10, 20]
+    best = project / "runs" / "first" / "checkpoints" / "best.pt"
+    if task == "image":
+        with tarfile.open(shards / "val-00000.tar") as tar:
+            first = tar.getmembers()[0]
+            (tmp_path / first.name).write_bytes(tar.extractfile(first).read())
+        done = run(project, "predict", tmp_path / first.name, "--checkpoint", best)
+        assert done.returncode == 0 and done.stdout.startswith(str(tmp_path / first.name)), done
+    elif task != "generation":
+        rows = pq.read_table(shards / "val-00000.parquet")
+        pa_csv.write_csv(rows, tmp_path / "rows.csv")
+        out = tmp_path / "predicted.csv"
+        done = run(project, "predict", tmp_path / "rows.csv", "-o", out, "--checkpoint", best)
+        assert done.returncode == 0, done.stderr
+        assert pa_csv.read_csv(out).num_rows == rows.num_rows
 
 
 def test_generation_prepares_to_a_url_that_trains_inspects_and_samples(projects, tmp_path):
