@@ -53,6 +53,16 @@ def get(self, name, local):
         local.write_bytes(b"x" * local.stat().st_size)
 shards.Shards.get = get
 """
+# A store 0.3 s slower to answer each fetch.
+SLOW_STORE = """
+import time
+from streamed.runtime import shards
+_get = shards.Shards.get
+def get(self, name, local):
+    time.sleep(0.3)
+    _get(self, name, local)
+shards.Shards.get = get
+"""
 # Reads each batch 0.2 s slower, so the cached windows outlast a short --fetch-retry-minutes.
 SLOW_READS = """
 import time
@@ -205,6 +215,19 @@ def test_the_order_is_a_permutation_each_epoch_drawn_a_window_of_shards_at_a_tim
         assert not np.array_equal(split.shuffle(seed=2, epoch=1)[np.arange(n)], epochs[1])
 
 
+def test_max_train_examples_takes_the_first_shards_that_hold_that_many(project):
+    with imported(project) as (shards, _):
+        entries = [
+            {"name": f"train-{i:05d}.npz", "examples": n} for i, n in enumerate([5, 7, 4, 9])
+        ]
+        split = shards.ShardedSplit(None, entries, Counted(), window=2, limit=14)
+        assert (
+            len(split) == 14 and split.entries == entries[:3] and split.counts.tolist() == [5, 7, 2]
+        )
+        ids = split.shuffle(seed=0, epoch=0)[np.arange(14)]
+        assert sorted(ids.tolist()) == list(range(14))  # the first 14 examples, each once
+
+
 def test_the_global_batches_are_the_same_at_1_2_and_4_ranks(project):
     with imported(project) as (shards, loader):
         split = split_of(shards, [37, 41, 29, 50, 33, 44, 38, 31, 45], window=2)
@@ -347,3 +370,22 @@ def test_the_store_away_stops_the_run_at_a_checkpoint_in_one_line_and_it_resumes
     code, stdout, stderr = train(project, env, stored, tmp_path / "run")
     assert code == 0 and f"at step {stopped[1]}" in stdout, stderr
     assert (tmp_path / "run" / "metrics.jsonl").read_bytes() == reference
+
+
+def test_the_loader_check_names_a_slow_store_as_the_bottleneck(project, stored, endpoint, tmp_path):
+    env = env_for(project, endpoint, tmp_path / "cache", SLOW_STORE)
+    args = (
+        "--data",
+        stored,
+        "--batch-size",
+        "64",
+        "--shuffle-window",
+        "2",
+        "--run-dir",
+        tmp_path / "r",
+    )
+    code, stdout, stderr = command(project, env, "check", "loader", *args)
+    found = re.search(
+        r"loader: FAIL: .*: the data store is the bottleneck: shards were being fetched", stdout
+    )
+    assert code == 1 and found, stdout + stderr

@@ -49,7 +49,6 @@ from .store import StoreError, cache_dir, is_url
 
 FORMAT, VERSION = "scaffold-shards", 1
 INDEX = "index.json"
-OPEN_SHARDS = 16  # shards a process keeps open (read into memory): a window's and the next's, at 8
 IN_FLIGHT = 2  # batches read besides those the loader's workers hold, before a shard may be evicted
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
@@ -369,9 +368,16 @@ class ShardedSplit(Dataset):
 
     epoch = 0  # the loader sets it before each batch
 
-    def __init__(self, shards: Shards, entries: list[dict], reader: ShardReader, window: int) -> None:
+    def __init__(
+        self, shards: Shards, entries: list[dict], reader: ShardReader, window: int, limit: int = 0
+    ) -> None:
+        counts = np.array([reader.count(entry) for entry in entries], dtype=np.int64)
+        if 0 < limit < counts.sum():  # --max-train-examples: the first shards holding that many, the last cut
+            kept = int(np.searchsorted(np.cumsum(counts), limit)) + 1
+            entries, counts = entries[:kept], counts[:kept]
+            counts[-1] -= counts.sum() - limit
         self.shards, self.entries, self.reader, self.window = shards, entries, reader, window
-        self.counts = np.array([reader.count(entry) for entry in entries], dtype=np.int64)
+        self.counts = counts
         self.firsts = np.concatenate([[0], np.cumsum(self.counts)])  # each shard's first example id
         self.open: OrderedDict[int, Dataset] = OrderedDict()
         self.prefetch: Prefetch | None = None  # the training split's, in the main process
@@ -389,7 +395,7 @@ class ShardedSplit(Dataset):
         """Shard `shard` as the reader's dataset, opened (and fetched) if not open in this process."""
         if shard not in self.open:
             self.open[shard] = self.reader.open(self.shards.path(self.entries[shard]["name"]))
-            if len(self.open) > OPEN_SHARDS:
+            if len(self.open) > self.window + 1:  # the window read, and the next's first shard
                 self.open.popitem(last=False)
         self.open.move_to_end(shard)
         return self.open[shard]
@@ -476,16 +482,15 @@ class Prefetch:
 
 def streamed_splits(cfg: Config, index: dict, reader_for) -> tuple[ShardedSplit, ShardedSplit]:
     """The training and validation splits of the shards at cfg.data; reader_for(split) -> ShardReader."""
-    if cfg.max_train_examples:
-        raise ConfigError("--max-train-examples does not apply to streamed data: prepare fewer examples")
     shards = Shards(cfg.data, index, cfg)
-    train, val = (
-        ShardedSplit(shards, index["splits"][name], reader_for(name), cfg.shuffle_window)
-        for name in ("train", "val")
+    splits = index["splits"]
+    train = ShardedSplit(
+        shards, splits["train"], reader_for("train"), cfg.shuffle_window, cfg.max_train_examples
     )
+    val = ShardedSplit(shards, splits["val"], reader_for("val"), cfg.shuffle_window)
     if shards.remote:
         limit = cache_bytes(cfg.cache_size)
-        largest = max(entry["bytes"] for entry in index["splits"]["train"])
+        largest = max(entry["bytes"] for entry in train.entries)
         needs = 2 * cfg.shuffle_window * largest + sum(entry["bytes"] for entry in val.entries)
         if needs > limit:
             raise ConfigError(
