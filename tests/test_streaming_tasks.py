@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 import pytest
+import warm_python
 from PIL import Image
 from test_project import _env, render, run
 
@@ -352,10 +353,8 @@ def test_generation_prepares_to_a_url_that_trains_inspects_and_samples(projects,
         url = "s3://data/corpus"
 
         def command(*args: object) -> subprocess.CompletedProcess[str]:
-            done = subprocess.run(
-                [sys.executable, "-m", "demo", *map(str, args)],
-                cwd=project, env=env, capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
+            argv = [sys.executable, "-m", "demo", *map(str, args)]
+            done = warm_python.run(argv, cwd=project, env=env, timeout=300)
             assert done.returncode == 0, done.stderr
             return done
 
@@ -385,3 +384,14 @@ def test_generation_prepares_to_a_url_that_trains_inspects_and_samples(projects,
             "sample", "--checkpoint", "runs/url/checkpoints/best.pt", "--max-new-tokens", "5"
         )
         assert sampled.stdout.strip()
+
+
+def test_documents_on_shards_are_refused_in_one_line(prepared):
+    """A shard may end inside a document, so --documents (whole documents) refuses shards."""
+    project, shards = prepared("generation")
+    done = run(project, "train", "--data", shards, "--documents", "--run-dir", "runs/documents")
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert done.stderr.splitlines() == [
+        f"error: {shards}: --documents needs whole documents, and a shard may end inside one"
+    ]
+    assert not (project / "runs" / "documents" / "metrics.jsonl").exists()
