@@ -67,17 +67,25 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
     AHEAD = 64  # batches whose examples are worked out at once: numpy's cost is per call
 
     def __init__(
-        self, n_examples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1
+        self,
+        n_examples: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        accumulation: int = 1,  # micro-batches a step on each rank
     ) -> None:
         self.n_examples, self.batch_size, self.seed = n_examples, batch_size, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.accumulation = rank, world_size, accumulation
         self.epoch = self.start = 0
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.epoch, self.start = epoch, start
 
     def batches_per_epoch(self) -> int:
-        return self.n_examples // (self.batch_size * self.world_size)
+        # whole steps of the global batch: epochs end at the same step at any number of processes
+        steps = self.n_examples // (self.batch_size * self.world_size * self.accumulation)
+        return steps * self.accumulation
 
     def __len__(self) -> int:
         return self.batches_per_epoch() - self.start
@@ -155,7 +163,9 @@ def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None 
     this process's rank of `group` (by default init_distributed's: rank 0 of 1 in a plain process)."""
     group = group or init_distributed(device.type)
     n_train = training_examples(splits, cfg)
-    batches = EpochBatches(n_train, cfg.batch_size, cfg.seed, group.rank, group.world_size)
+    batches = EpochBatches(
+        n_train, cfg.batch_size, cfg.seed, group.rank, group.world_size, cfg.grad_accum_steps
+    )
     if batches.batches_per_epoch() == 0:
         raise ConfigError(
             f"{n_train} training examples make no full batch of {cfg.batch_size} x {group.world_size}"

@@ -1,0 +1,135 @@
+"""A streaming ddp project resumed at another number of processes keeps its global batch: a run
+stopped at 2 processes, resumed at 1 and stopped, then finished at 4 (torchrun on the CPU, gloo)
+trains on each step's very examples, and with --deterministic ends with the records of a run
+that never stopped, bit for bit. A number of processes that cannot share a step is refused."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import subprocess
+
+import pytest
+from test_ddp import _env_ddp, _torchrun
+from test_project import records, render
+
+PACKAGE = "exact_demo"
+STEPS = 24
+ARGS = ("train", "--max-steps", str(STEPS), "--batch-size", "8", "--grad-accum-steps", "2",
+        "--max-train-examples", "1024", "--ckpt-every", "100", "--eval-every", "12",
+        "--log-every", "1", "--deterministic", "--num-workers", "0", "--dropout", "0")  # fmt: skip
+
+# Records each training micro-batch's example ids (rank by rank, in the order read) to IDS_TO, and
+# sends SIGTERM to rank 0 as it prints step SIGTERM_AT: every rank then stops, with a checkpoint,
+# at step SIGTERM_AT + 1 (runtime/stopping.py), however loaded the machine is.
+INJECT = """
+import json, os, signal, sys
+if os.environ.get("SIGTERM_AT"):
+    class _Stdout:
+        def __init__(self, out):
+            self._out = out
+        def __getattr__(self, name):
+            return getattr(self._out, name)
+        def write(self, text):
+            if text.startswith("step " + os.environ["SIGTERM_AT"] + "/"):
+                os.kill(os.getpid(), signal.SIGTERM)
+            return self._out.write(text)
+    sys.stdout = _Stdout(sys.stdout)
+if "RANK" in os.environ:  # a worker, not torchrun
+    from {package}.runtime import loader
+    _build = loader.build_loaders
+    def build_loaders(*args, **kwargs):
+        train, val, sampler = _build(*args, **kwargs)
+        read, path = train.dataset.__getitems__, os.environ["IDS_TO"] + "-" + os.environ["RANK"]
+        def getitems(batch):
+            with open(path, "a") as out:
+                out.write(json.dumps(batch[1].tolist()) + "\\n")
+            return read(batch)
+        train.dataset.__getitems__ = getitems
+        return train, val, sampler
+    loader.build_loaders = build_loaders
+"""
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    project = render(
+        tmp_path_factory.mktemp("exact") / "exact-demo", distributed="ddp", streaming=True
+    )
+    (project / "inject").mkdir()
+    (project / "inject" / "sitecustomize.py").write_text(INJECT.format(package=PACKAGE))
+    return project
+
+
+def _train(
+    project, run_dir: str, nproc: int, ids: str, stop_at: int = 0
+) -> subprocess.CompletedProcess:
+    env = _env_ddp(project)
+    env |= {"PYTHONPATH": f"{project / 'inject'}:{env['PYTHONPATH']}", "IDS_TO": str(project / ids)}
+    if stop_at:
+        env["SIGTERM_AT"] = str(stop_at)
+    command = _torchrun(project, *ARGS, "--run-dir", run_dir, nproc=nproc)
+    return subprocess.run(
+        command, cwd=project, env=env, capture_output=True, text=True, timeout=600
+    )
+
+
+def _global_batches(project, ids: str, nproc: int, first_step: int) -> dict[int, list[int]]:
+    """Each step's examples over every rank: a step is 4 micro-batches, 4 / nproc on each."""
+    per_rank = [
+        [json.loads(line) for line in (project / f"{ids}-{rank}").read_text().splitlines()]
+        for rank in range(nproc)
+    ]
+    share = 4 // nproc
+    return {
+        first_step + i + 1: sorted(
+            x for mine in per_rank for b in mine[i * share :][:share] for x in b
+        )
+        for i in range(len(per_rank[0]) // share)
+    }
+
+
+@pytest.fixture(scope="module")
+def reference(project):
+    """The uninterrupted run: 2 processes, 2 micro-batches of 8 each a step."""
+    done = _train(project, "runs/reference", 2, "ids-reference")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return project / "runs" / "reference"
+
+
+def test_a_run_resumed_at_2_then_1_then_4_processes_matches_an_uninterrupted_one_bit_for_bit(
+    project, reference
+):
+    chain, batches = [], {}
+    for nproc, stop_at, first_step in ((2, 6, 0), (1, 13, 7), (4, 0, 14)):
+        done = _train(project, "runs/chain", nproc, f"ids-{nproc}", stop_at)
+        chain.append(done)
+        assert done.returncode == (128 + signal.SIGTERM if stop_at else 0), done.stderr[-3000:]
+        batches |= _global_batches(project, f"ids-{nproc}", nproc, first_step)
+    assert "resuming from runs/chain/checkpoints/step-00000007.pt at step 7" in chain[1].stdout
+    assert [line for line in chain[2].stdout.splitlines() if line.startswith("warning:")] == [
+        "warning: runs/chain was trained by 1 processes, resumed by 4: the global batch stays the"
+        " run's, 4 x 1 micro-batches of 8 a step, and so do its examples; ranks 1+ start fresh"
+        " random streams"
+    ]
+    assert batches == _global_batches(project, "ids-reference", 2, 0)  # every step's examples
+    assert sorted(batches) == list(range(1, STEPS + 1))
+    expected, got = records(reference), records(project / "runs" / "chain")
+    pairs = [(a["loss"], b["loss"]) for a, b in zip(expected, got, strict=True)]
+    print(f"max abs difference of the losses: {max(abs(a - b) for a, b in pairs):.3g}")
+    assert got == expected  # train and val records, bit for bit
+
+
+def test_a_number_of_processes_that_cannot_share_a_step_is_refused_in_one_line(project, reference):
+    run_dir = project / "runs" / "three"
+    shutil.copytree(reference, run_dir)
+    records_before = (run_dir / "metrics.jsonl").read_bytes()
+    done = _train(project, "runs/three", 3, "ids-three")
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert (
+        "runs/three trains on 4 micro-batches of 8 a step, which 3 processes cannot share:"
+        " resume it on a number that divides 4"
+    ) in done.stderr
+    assert "Traceback" not in done.stderr
+    assert (run_dir / "metrics.jsonl").read_bytes() == records_before
