@@ -11,6 +11,7 @@ profile and tune.
     python -m everything find-lr [-o FILE.png] [train options]
     python -m everything find-batch-size [--global-batch N] [train options]
     python -m everything export [--checkpoint DIR] [--out FILE.pt]
+    python -m everything prepare --data SOURCE --out DEST [--shard-mb 64]
 
 Every field of config.Config is an option; `train --help` lists them.
 """
@@ -22,6 +23,7 @@ from pathlib import Path
 
 from .config import ConfigError, add_config_arguments, config_from_args
 from .data import DataError, load_splits, summarize
+from .prepare import add_prepare, prepare
 from .runtime.checkpoint import CheckpointError, export
 from .runtime.distributed import leave_with_the_group, lost_a_rank, report_failure, shutdown, tell_launcher
 from .runtime.rundir import RunDirError, fetch_checkpoint, fetch_run
@@ -39,8 +41,8 @@ from .train import TrainingError, train
 BAD_INPUT = (ConfigError, DataError, DiagnoseError, RunFolderBusy)
 FAILURES = (*BAD_INPUT, CheckpointError, RunDirError, ReportError, StoreError, TrainingError)
 NEWEST = "a checkpoint; default: the newest run's best (under runs/)"
-URL_PATHS = ("run_dir", "run_dirs", "since", "checkpoint")  # paths, by argument name: a URL or local
-LOCAL_PATHS = ("data", "out", "output", "path", "paths", "sheet")  # local only
+URL_PATHS = ("run_dir", "run_dirs", "since", "checkpoint", "data", "dest")  # paths by name: a URL or local
+LOCAL_PATHS = ("out", "output", "path", "paths", "sheet")  # local only
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -76,6 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
     exporter = commands.add_parser("export", help="a checkpoint's model weights, whole, in one .pt file")
     exporter.add_argument("--checkpoint", help=NEWEST)
     exporter.add_argument("--out", metavar="FILE.pt", help="default: the checkpoint's path + .model.pt")
+    add_prepare(commands)
     return parser
 
 
@@ -94,6 +97,7 @@ def run_command(args: argparse.Namespace) -> int:
             find_batch_size(config_from_args(args), args.global_batch, args.memory_target)
         ),
         "export": lambda: export_weights(args.checkpoint, args.out),
+        "prepare": lambda: print(prepare(config_from_args(args), args.dest, args.shard_mb)),
     }
     return commands[args.command]() or 0  # None from a command that printed its result: success
 

@@ -28,7 +28,7 @@ def fixed(default):
 @dataclass
 class Config:
     # data
-    data: str | None = fixed(None)  # a .npz with arrays x (inputs) and y (targets); None: the example
+    data: str | None = fixed(None)  # a .npz of x and y or prepare's shards (folder or URL); None: the example
     val_fraction: float = fixed(0.1)  # share held out for validation, the same examples for every seed
     max_train_examples: int = fixed(0)  # train on only the first this many examples (0: all); debug small
     input_noise: float = fixed(0.0)  # std of Gaussian noise added to training inputs (augmentation)
@@ -67,6 +67,10 @@ class Config:
     ckpt_minutes: float = 5.0  # minutes between checkpoints at most: a kill loses no more; 0: steps alone
     keep_last: int = 3  # step checkpoints kept; best is kept besides them
     upload_retry_minutes: float = 5.0  # a URL --run-dir whose store is away this long stops at a checkpoint
+    # streamed data (a --data URL or shard folder: runtime/shards.py)
+    cache_size: str = "20GB"  # local disk for a URL's shards, fetched ahead and deleted once read
+    shuffle_window: int = fixed(8)  # shards whose examples are shuffled together (defines the order)
+    fetch_retry_minutes: float = 5.0  # a --data store away this long stops the run at a checkpoint
     tracking_uri: str | None = None  # an MLflow server or database; None: a file store in run_dir/mlruns
     seed: int = fixed(0)  # seeds Python, NumPy and torch; with the epoch, fixes the sample order
     # Weights to start from: a checkpoint (a run's best or step-N, local or RUN_URL/checkpoints/NAME),
@@ -84,8 +88,9 @@ class Config:
         counts = "num_workers patience warmup_steps max_train_examples eval_every activation_checkpointing"
         for name in counts.split():
             _require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
-        for name in ("ckpt_minutes", "upload_retry_minutes"):
+        for name in ("ckpt_minutes", "upload_retry_minutes", "fetch_retry_minutes"):
             _require(getattr(self, name) >= 0, f"{name} must be >= 0, got {getattr(self, name)}")
+        _require(self.shuffle_window >= 1, f"shuffle_window must be >= 1, got {self.shuffle_window}")
         _require(0 < self.val_fraction < 1, f"val_fraction must be in (0, 1), got {self.val_fraction}")
         _require(0 <= self.dropout < 1, f"dropout must be in [0, 1), got {self.dropout}")
         _require(self.input_noise >= 0, f"input_noise must be >= 0, got {self.input_noise}")

@@ -24,6 +24,9 @@ from torch import nn
 
 from .config import Config
 from .data import SequenceDataset, Splits
+from .runtime.loader import read_batch
+
+SAMPLED = 4096  # training examples initial_loss reads
 
 
 def mlp(width: int, hidden_dim: int, n_layers: int, dropout: float, out: int) -> nn.Sequential:
@@ -60,7 +63,7 @@ class SequenceModel(nn.Module):
 
 def build_model(cfg: Config, splits: Splits) -> nn.Module:
     model = SequenceModel if isinstance(splits.train, SequenceDataset) else CurveModel
-    return model(splits.train.inputs.shape[1], cfg.hidden_dim, cfg.n_layers, cfg.dropout)
+    return model(splits.train[0][0].shape[-1], cfg.hidden_dim, cfg.n_layers, cfg.dropout)
 
 
 # --init-from: the output layer's module names, kept freshly initialised where the weights given
@@ -93,8 +96,10 @@ def compute_loss(output: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
 
 def initial_loss(splits: Splits) -> float:
-    """The mean squared target: the outputs of the untrained model start near 0."""
-    return float(splits.train.targets.square().nanmean())
+    """The mean squared target of the first examples (streamed data is not read whole): the outputs
+    of the untrained model start near 0."""
+    targets = read_batch(splits.train, torch.arange(min(len(splits.train), SAMPLED)))[1]
+    return float(targets.square().nanmean())
 
 
 def overfit_target(first_loss: float) -> float:

@@ -36,7 +36,7 @@ from .runtime.resume import check_checkpoints_kept, payload, restore_run, set_rn
 from .runtime.rundir import open_run
 from .runtime.runlog import RunLog
 from .runtime.state import Loop, micro_batches, validation_schedule, waited
-from .runtime.stopping import StopSignals
+from .runtime.stopping import StopSignals, stop_reason
 
 
 class TrainingError(RuntimeError):
@@ -180,7 +180,7 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
         "seconds": seconds,
         "examples_per_s": examples / seconds if seconds > 0 else math.nan,
         "data_wait_share": waits.data / waits.steps if waits.steps > 0 else math.nan,  # of the steps' time
-        "stopped_by": signal.Signals(signum).name if signum else None,
+        "stopped_by": stop_reason(signal.Signals(signum)) if signum else None,
         "exit_status": 128 + signum if signum else 0,
     }, saved
 

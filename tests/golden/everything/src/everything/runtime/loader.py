@@ -6,6 +6,7 @@ on. The loader sets `dataset.epoch` before each batch, so augmentation can key i
 
 import hashlib
 import random
+from functools import partial
 
 import numpy as np
 import torch
@@ -73,11 +74,14 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
         seed: int,
         rank: int = 0,
         world_size: int = 1,
+        order=None,
         accumulation: int = 1,  # micro-batches a step on each rank
     ) -> None:
         self.n_examples, self.batch_size, self.seed = n_examples, batch_size, seed
         self.rank, self.world_size, self.accumulation = rank, world_size, accumulation
         self.epoch = self.start = 0
+        # (seed, epoch) -> the epoch's order: the data's own (streamed shards: by windows) or a Shuffle
+        self.order = order or partial(Shuffle, n_examples)
 
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         self.epoch, self.start = epoch, start
@@ -91,13 +95,17 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
         return self.batches_per_epoch() - self.start
 
     def __iter__(self):
-        order = Shuffle(self.n_examples, self.seed, self.epoch)
+        order = self.order(self.seed, self.epoch)
+        sampled = getattr(order, "sampled", None)  # streamed shards: their prefetch follows the sampler
         batches = range(self.start, self.batches_per_epoch())
         for i in range(0, len(batches), self.AHEAD):
             ahead = batches[i : i + self.AHEAD]
             firsts = [(b * self.world_size + self.rank) * self.batch_size for b in ahead]
             positions = np.add.outer(firsts, np.arange(self.batch_size))  # (batches, B)
-            yield from ((self.epoch, indices) for indices in torch.from_numpy(order[positions]))
+            for first, indices in zip(firsts, torch.from_numpy(order[positions]), strict=True):
+                if sampled:
+                    sampled(first)
+                yield self.epoch, indices
 
 
 def read_batch(dataset: Dataset, indices: torch.Tensor):
@@ -163,8 +171,9 @@ def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None 
     this process's rank of `group` (by default init_distributed's: rank 0 of 1 in a plain process)."""
     group = group or init_distributed(device.type)
     n_train = training_examples(splits, cfg)
+    order = getattr(splits.train, "shuffle", None)  # streamed shards' own order
     batches = EpochBatches(
-        n_train, cfg.batch_size, cfg.seed, group.rank, group.world_size, cfg.grad_accum_steps
+        n_train, cfg.batch_size, cfg.seed, group.rank, group.world_size, order, cfg.grad_accum_steps
     )
     if batches.batches_per_epoch() == 0:
         raise ConfigError(

@@ -52,6 +52,20 @@ class StopSignals:
         self.signum = signum
 
 
+_reasons: dict[int, str] = {}  # why the run asked itself to stop, by signal
+
+
+def request_stop(reason: str, signum: int = signal.SIGUSR1) -> None:
+    """Stops the run as a stop signal does, from any thread (the prefetch's); `reason` says why."""
+    _reasons[signum] = reason
+    os.kill(os.getpid(), signum)
+
+
+def stop_reason(signum: signal.Signals) -> str:
+    """What stopped the run: a request's reason, or the signal's name."""
+    return _reasons.get(signum) or signum.name
+
+
 def ignore_stop_signals() -> None:
     """For loader workers: a Ctrl-C reaches the process group; a worker it ended would crash the loader."""
     for sig in SIGNALS:

@@ -1,0 +1,476 @@
+"""Machinery: data in shards with an index, in a folder or at a URL, streamed through a bounded cache.
+
+    python -m everything prepare --data SOURCE --out s3://bucket/data  # or a folder
+    python -m everything train --data s3://bucket/data --cache-size 20GB
+
+The folder (or URL prefix) holds index.json, naming each shard with its size, example count and
+SHA-256, and the shards beside it (README.md, "Streamed data"). A folder is read in place. A URL's
+shards are fetched into $XDG_CACHE_HOME/everything/shards/, verified, a window of shards ahead of
+need by a thread of the main process, and deleted once every batch that reads them is read: the
+disk holds --cache-size at most, so a data set larger than the disk trains.
+
+The order of an epoch is keyed by (seed, epoch) alone: the shards shuffled, cut into windows of
+--shuffle-window shards, the examples of each window shuffled. Global batch b is positions
+[b G, (b + 1) G) of it (G: processes x batch size), each rank its slice, so a run resumed at any
+number of processes sees the global batches of one that never stopped.
+
+A store that goes away is retried (1 s doubling to 30 s) for --fetch-retry-minutes while training
+goes on with what is cached; then the run stops at the end of its step with a checkpoint, as a
+stop signal (SIGUSR1, exit 138) stops it, and the same command resumes it once the store is back.
+"""
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import sys
+import threading
+import time
+from collections import OrderedDict, deque
+from pathlib import Path
+from typing import Protocol
+
+import fsspec
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from ..config import Config, ConfigError
+from .loader import Shuffle
+from .stopping import request_stop
+from .store import cache_dir, is_url
+
+FORMAT, VERSION = "scaffold-shards", 1
+INDEX = "index.json"
+OPEN_SHARDS = 16  # shards a process keeps open (read into memory): a window's and the next's, at 8
+IN_FLIGHT = 2  # batches read besides those the loader's workers hold, before a shard may be evicted
+UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+class ShardError(ConfigError):
+    """A missing index or shard, a damaged shard, a store given up on: one line, exit 2."""
+
+
+class StoreAway(ShardError):
+    """The store stayed unreachable past --fetch-retry-minutes."""
+
+
+class ShardReader(Protocol):
+    """What a task gives for each split (data.py): how to count and open one of its shards."""
+
+    def count(self, entry: dict) -> int:
+        """Examples in the shard `entry` of the index names (its "examples", or worked out from it)."""
+
+    def open(self, path: Path) -> Dataset:
+        """A map-style dataset of the shard's examples, read from the local file `path`."""
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def index_digest(index: dict) -> str:
+    """The data's digest for Splits.digest: a resume refuses shards that changed."""
+    shards = [entry["sha256"] for split in ("train", "val") for entry in index["splits"][split]]
+    return sha256(" ".join(shards).encode())[:16]
+
+
+def is_shards(source: str | None) -> bool:
+    """A URL (a store's data is always sharded), or a folder holding index.json."""
+    return source is not None and (is_url(source) or (Path(source) / INDEX).is_file())
+
+
+class ShardWriter:
+    """Writes shards and their index to `dest`, a folder or a URL, so that an index names only
+    complete shards: a folder is written as .NAME.partial and renamed at the end; a URL's shards
+    are uploaded first and index.json last. A destination holding an index is refused.
+
+        with ShardWriter(dest, "custom", meta) as writer:
+            writer.add("train", data, examples=1000, suffix=".npz")
+        print(writer.close())
+    """
+
+    def __init__(
+        self, dest: str, task: str, meta: dict | None = None, files: dict[str, bytes] | None = None,
+        shard_mb: float = 64,
+    ) -> None:  # fmt: skip
+        self.dest = dest.rstrip("/")
+        self.shard_bytes = int(shard_mb * 2**20)  # the size a task's write_shards aims its shards at
+        self.index = {"format": FORMAT, "version": VERSION, "task": task, "meta": meta or {}, "files": {}}
+        self.index["splits"] = {"train": [], "val": []}
+        self.closed = False
+        if is_url(self.dest):
+            self.fs, self.root = url_to_fs(self.dest)
+            with reaching(self.dest):
+                taken = self.fs.exists(f"{self.root}/{INDEX}")
+        else:
+            final = Path(self.dest)
+            taken = (final / INDEX).exists()
+            if not taken and final.exists() and (not final.is_dir() or any(final.iterdir())):
+                raise ShardError(f"{final} exists and is not an empty folder: prepare into a new --out")
+            self.fs, self.root = fsspec.filesystem("file"), str(final.with_name(f".{final.name}.partial"))
+            shutil.rmtree(self.root, ignore_errors=True)  # a cut-off prepare's
+            Path(self.root).mkdir(parents=True)
+        if taken:
+            raise ShardError(f"{self.dest} holds a shard index already: prepare into another --out")
+        for name, data in (files or {}).items():
+            self.add_file(name, data)
+
+    def __enter__(self) -> "ShardWriter":
+        return self
+
+    def __exit__(self, kind, error, trace) -> None:
+        if kind is not None and not is_url(self.dest):
+            shutil.rmtree(self.root, ignore_errors=True)  # a URL's shards stay unnamed: no index
+        elif kind is None and not self.closed:
+            self.close()
+
+    def add_file(self, name: str, data: bytes) -> None:
+        """An extra file the task's reader needs (a tokenizer), fetched at the start of a run."""
+        self._put(name, data)
+        self.index["files"][name] = {"bytes": len(data), "sha256": sha256(data)}
+
+    def add(self, split: str, data: bytes, examples: int, suffix: str) -> None:
+        """One shard of `split` ("train" or "val"): `examples` examples in `data`, named NAME`suffix`."""
+        shards = self.index["splits"][split]
+        name = f"{split}-{len(shards):05d}{suffix}"
+        self._put(name, data)
+        shards.append({"name": name, "bytes": len(data), "examples": examples, "sha256": sha256(data)})
+
+    def _put(self, name: str, data: bytes) -> None:
+        with reaching(f"{self.dest}/{name}"):
+            self.fs.pipe_file(f"{self.root}/{name}", data)
+
+    def close(self) -> str:
+        """Writes the index (a folder: renames it into place); says what it wrote."""
+        self.closed = True
+        self._put(INDEX, json.dumps(self.index, indent=1).encode())
+        if not is_url(self.dest):
+            os.replace(self.root, self.dest)  # a folder is renamed over an empty one
+        said = []
+        for split, shards in self.index["splits"].items():
+            examples = sum(entry["examples"] for entry in shards)
+            said.append(f"{len(shards)} {split} shards ({examples:,} examples)")
+        return f"wrote {' and '.join(said)} to {self.dest}"
+
+
+def url_to_fs(url: str):
+    with reaching(url):
+        return fsspec.core.url_to_fs(url)
+
+
+@contextlib.contextmanager
+def reaching(url: str):
+    """A store library's failure (each raises its own types) as a ShardError naming `url`."""
+    try:
+        yield
+    except (ShardError, FileNotFoundError):
+        raise
+    except Exception as error:
+        raise ShardError(f"cannot reach {url}: {_reason(error)}") from None
+
+
+def _reason(error: Exception) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
+def open_index(source: str) -> dict:
+    """The index of the shards at `source`, a folder or a URL, every shard it names present with
+    its size: or a ShardError, before training."""
+    where = source.rstrip("/")
+    fs, root = url_to_fs(where) if is_url(where) else (fsspec.filesystem("file"), str(Path(where).resolve()))
+    try:
+        with reaching(where):
+            text = fs.cat_file(f"{root}/{INDEX}")
+            listed = {info["name"].rsplit("/", 1)[-1]: info["size"] for info in fs.ls(root, detail=True)}
+    except FileNotFoundError:
+        raise ShardError(f"{where}: no {INDEX}: not a shard folder (`prepare --out` writes one)") from None
+    try:
+        index = json.loads(text)
+    except ValueError as error:
+        raise ShardError(f"{where}/{INDEX} is unreadable ({error})") from None
+    if not isinstance(index, dict) or index.get("format") != FORMAT or index.get("version") != VERSION:
+        raise ShardError(f"{where}/{INDEX} is not a {FORMAT} index of version {VERSION}")
+    entries = [*index["files"].items(), *((e["name"], e) for s in index["splits"].values() for e in s)]
+    for name, entry in entries:
+        if name not in listed:
+            raise ShardError(f"{where}/{name} is missing: the index names it (prepare the data again)")
+        if listed[name] != entry["bytes"]:
+            raise ShardError(f"{where}/{name} holds {listed[name]} bytes; the index says {entry['bytes']}")
+    return index
+
+
+def cache_bytes(size: str) -> int:
+    """--cache-size ("20GB", "500MB", "1.5T") in bytes."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", size, re.IGNORECASE)
+    if not match:
+        raise ConfigError(f"--cache-size {size!r}: give a size such as 20GB or 500MB")
+    return int(float(match[1]) * UNITS[match[2].upper()])
+
+
+class Shards:
+    """Where one source's shards are read: a folder's in place; a URL's through the local cache,
+    fetched (retried while the store is away), verified and renamed in."""
+
+    def __init__(self, source: str, index: dict, cfg: Config) -> None:
+        self.source = source.rstrip("/")
+        self.remote = is_url(self.source)
+        self.folder = cache_dir(self.source, "shards") if self.remote else Path(self.source)
+        self.entries = {e["name"]: e for s in index["splits"].values() for e in s} | index["files"]
+        self.retry_s = cfg.fetch_retry_minutes * 60
+        self.lock = threading.Lock()  # one fetch at a time in a process: the prefetch or a read
+        self.peak = 0  # the most bytes the cache held, measured after each fetch
+        self._store = None  # (filesystem, root) of a URL
+        self.refused: dict[str, ShardError] = {}  # damaged shards: fetched twice already
+        if self.remote:
+            self.folder.mkdir(parents=True, exist_ok=True)
+
+    def __getstate__(self) -> dict:  # for loader workers: a lock does not pickle
+        return self.__dict__ | {"lock": None, "_store": None}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__ = state | {"lock": threading.Lock()}
+
+    def get(self, name: str, local: Path) -> None:
+        if self._store is None:  # made in the process that fetches
+            self._store = url_to_fs(self.source)
+        fs, root = self._store
+        fs.get_file(f"{root}/{name}", str(local))
+
+    def cached_bytes(self) -> int:
+        return sum(path.stat().st_size for path in self.folder.iterdir()) if self.remote else 0
+
+    def path(self, name: str) -> Path:
+        """The local file of shard `name`, fetched first if a URL's and not in the cache."""
+        path = self.folder / name
+        if name in self.refused:
+            raise self.refused[name]
+        if self.remote and not path.exists():
+            with self.lock:
+                if not path.exists():  # fetched by the prefetch meanwhile
+                    self.fetch(name)
+        return path
+
+    def fetch(self, name: str) -> None:
+        """Fetches `name` into the cache, its digest checked: a mismatch is fetched again once."""
+        entry, url = self.entries[name], f"{self.source}/{name}"
+        part = self.folder / f".{name}.download{os.getpid()}"
+        for attempt in (1, 2):
+            self.retried(url, lambda: self.get(name, part))
+            found = file_sha256(part)
+            if found == entry["sha256"]:
+                os.replace(part, self.folder / name)
+                self.peak = max(self.peak, self.cached_bytes())
+                return
+            part.unlink()
+            if attempt == 1:
+                print(f"warning: {url} does not match its digest: fetching it again", file=sys.stderr)
+        digests = f"its SHA-256 is {found[:12]}..., the index says {entry['sha256'][:12]}..."
+        self.refused[name] = ShardError(f"{url} is damaged (fetched twice): {digests}")
+        raise self.refused[name]
+
+    def retried(self, url: str, action) -> None:
+        """`action`, retried while the store is away (1 s apart, doubling to 30 s), --fetch-retry-minutes."""
+        away, wait = None, 1.0
+        while True:
+            try:
+                with reaching(url):
+                    action()
+                if away is not None:
+                    print(f"the data store is back after {time.monotonic() - away:.0f} s", file=sys.stderr)
+                return
+            except FileNotFoundError:
+                raise ShardError(f"{url} is missing: the index names it (prepare the data again)") from None
+            except ShardError as error:
+                if away is None:
+                    away = time.monotonic()
+                    print(f"warning: {error}; retrying for {self.retry_s:.0f} s", file=sys.stderr)
+                if time.monotonic() - away + wait > self.retry_s:
+                    raise StoreAway(f"{error}; retried for {time.monotonic() - away:.0f} s") from None
+                time.sleep(wait)
+                wait = min(2 * wait, 30)
+
+
+class Order:
+    """An epoch's order of a ShardedSplit's examples, like loader.Shuffle: order[positions] -> ids.
+    The shards permuted, cut into windows of `window` shards, each window's examples permuted."""
+
+    def __init__(self, split: "ShardedSplit", seed: int, epoch: int) -> None:
+        self.split, self.seed, self.epoch = split, seed, epoch
+        n = len(split.counts)
+        self.shards = Shuffle(n, seed, epoch)[np.arange(n)]  # the shards in the order read
+        counts = split.counts[self.shards]
+        self.starts = np.concatenate([[0], np.cumsum(counts)])  # of each shard read, in positions
+        self.windows = self.starts[:: split.window]  # each window's first position, and the end's
+        if self.windows[-1] != self.starts[-1]:
+            self.windows = np.append(self.windows, self.starts[-1])
+
+    def __getitem__(self, positions: np.ndarray) -> np.ndarray:
+        positions = np.asarray(positions, dtype=np.int64)
+        window = np.searchsorted(self.windows, positions, "right") - 1
+        shuffled = positions.copy()
+        for w in np.unique(window):  # a few windows a batch at most: one Shuffle each
+            here = window == w
+            first, size = self.windows[w], self.windows[w + 1] - self.windows[w]
+            within = Shuffle(int(size), self.seed, f"{self.epoch}:{w}")  # keyed by the window too
+            shuffled[here] = first + within[positions[here] - first]
+        read = np.searchsorted(self.starts, shuffled, "right") - 1  # the shard read, of self.shards
+        shard = self.shards[read]
+        return self.split.firsts[shard] + shuffled - self.starts[read]
+
+    def window_shards(self, w: int) -> list[int]:
+        """The shards of window w, in the order read."""
+        return self.shards[w * self.split.window : (w + 1) * self.split.window].tolist()
+
+    def window_of(self, position: int) -> int:
+        return int(np.searchsorted(self.windows, position, "right") - 1)
+
+    def sampled(self, position: int) -> None:
+        """The sampler is at `position` of this epoch: the prefetch fetches ahead and evicts behind."""
+        if self.split.prefetch is not None:
+            self.split.prefetch.sampled(self, position)
+
+
+class ShardedSplit(Dataset):
+    """A split of shards as one map-style dataset: example ids run through the shards in index
+    order; a batch's examples are read from the shards that hold them, each opened by the task's
+    reader (a few kept open in each process)."""
+
+    epoch = 0  # the loader sets it before each batch
+
+    def __init__(self, shards: Shards, entries: list[dict], reader: ShardReader, window: int) -> None:
+        self.shards, self.entries, self.reader, self.window = shards, entries, reader, window
+        self.counts = np.array([reader.count(entry) for entry in entries], dtype=np.int64)
+        self.firsts = np.concatenate([[0], np.cumsum(self.counts)])  # each shard's first example id
+        self.open: OrderedDict[int, Dataset] = OrderedDict()
+        self.prefetch: Prefetch | None = None  # the training split's, in the main process
+
+    def __getstate__(self) -> dict:  # a loader worker opens its own shards and fetches no more ahead
+        return self.__dict__ | {"open": OrderedDict(), "prefetch": None}
+
+    def __len__(self) -> int:
+        return int(self.firsts[-1])
+
+    def shuffle(self, seed: int, epoch: int) -> Order:
+        return Order(self, seed, epoch)
+
+    def dataset(self, shard: int) -> Dataset:
+        """Shard `shard` as the reader's dataset, opened (and fetched) if not open in this process."""
+        if shard not in self.open:
+            self.open[shard] = self.reader.open(self.shards.path(self.entries[shard]["name"]))
+            if len(self.open) > OPEN_SHARDS:
+                self.open.popitem(last=False)
+        self.open.move_to_end(shard)
+        return self.open[shard]
+
+    def __getitem__(self, i: int):
+        shard = int(np.searchsorted(self.firsts, i, "right") - 1)
+        data = self.dataset(shard)
+        data.epoch = self.epoch
+        return data[i - int(self.firsts[shard])]
+
+    def __getitems__(self, ids: torch.Tensor):
+        """A batch: each shard's examples read at once (its __getitems__ or collate), then put in order."""
+        ids = np.asarray(ids, dtype=np.int64)
+        shard = np.searchsorted(self.firsts, ids, "right") - 1
+        parts, order = [], []
+        for s in np.unique(shard):
+            data, at = self.dataset(int(s)), np.flatnonzero(shard == s)
+            data.epoch = self.epoch
+            local = torch.from_numpy(ids[at] - self.firsts[s])
+            parts.append(_read(data, local))
+            order.append(at)
+        inverse = torch.from_numpy(np.argsort(np.concatenate(order), kind="stable"))
+        return tuple(torch.cat(part)[inverse] for part in zip(*parts, strict=True))
+
+
+def _read(data: Dataset, ids: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    if hasattr(data, "__getitems__"):
+        return tuple(data.__getitems__(ids))
+    collate = getattr(data, "collate", torch.utils.data.default_collate)
+    return tuple(collate([data[i] for i in ids.tolist()]))
+
+
+class Prefetch:
+    """The thread of the main process that fetches the training shards one window ahead of the
+    sampler and evicts those every position has read; --cache-size bounds what it fetches."""
+
+    def __init__(self, split: ShardedSplit, limit: int, in_flight: int, keep: set[str]) -> None:
+        self.split, self.shards, self.limit = split, split.shards, limit
+        self.keep = keep  # the validation shards and the extra files: read again and again
+        self.recent = deque(maxlen=in_flight + IN_FLIGHT)  # (order, position) of the batches sampled last
+        self.wake = threading.Event()
+        threading.Thread(target=self._run, daemon=True, name="prefetch").start()
+
+    def sampled(self, order: Order, position: int) -> None:
+        self.recent.append((order, position))
+        self.wake.set()
+
+    def wanted(self) -> list[str]:
+        """The shards still to be read, in order of need: from the window of the oldest batch that
+        may be in flight to the one after the newest sampled."""
+        names = []
+        for order in dict.fromkeys(order for order, _ in list(self.recent)):
+            read = [position for o, position in list(self.recent) if o is order]
+            first, last = order.window_of(min(read)), order.window_of(max(read)) + 1
+            for w in range(first, min(last, len(order.windows) - 2) + 1):
+                names += [self.split.entries[s]["name"] for s in order.window_shards(w)]
+        return list(dict.fromkeys(names))
+
+    def _run(self) -> None:
+        try:
+            while True:
+                self.wake.wait()
+                self.wake.clear()
+                wanted = self.wanted()
+                for path in self.shards.folder.iterdir():
+                    if path.name not in {*wanted, *self.keep} and not path.name.startswith("."):
+                        path.unlink(missing_ok=True)  # every batch that reads it is read
+                for name in wanted:
+                    if (self.shards.folder / name).exists():
+                        continue
+                    if self.shards.cached_bytes() + self.shards.entries[name]["bytes"] > self.limit:
+                        break  # until a window is read and evicted
+                    with self.shards.lock:
+                        if not (self.shards.folder / name).exists():
+                            self.shards.fetch(name)
+                    if self.wake.is_set():
+                        break  # the sampler moved on: what is wanted now
+        except StoreAway as error:  # the loop stops at the end of its step, with a checkpoint
+            request_stop(f"an unreachable data store ({error})")
+        except ShardError:
+            pass  # a missing or damaged shard: the read that needs it says so
+
+
+def streamed_splits(cfg: Config, index: dict, reader_for) -> tuple[ShardedSplit, ShardedSplit]:
+    """The training and validation splits of the shards at cfg.data; reader_for(split) -> ShardReader."""
+    if cfg.max_train_examples:
+        raise ConfigError("--max-train-examples does not apply to streamed data: prepare fewer examples")
+    shards = Shards(cfg.data, index, cfg)
+    train, val = (
+        ShardedSplit(shards, index["splits"][name], reader_for(name), cfg.shuffle_window)
+        for name in ("train", "val")
+    )
+    if shards.remote:
+        limit = cache_bytes(cfg.cache_size)
+        largest = max(entry["bytes"] for entry in index["splits"]["train"])
+        needs = 2 * cfg.shuffle_window * largest + sum(entry["bytes"] for entry in val.entries)
+        if needs > limit:
+            raise ConfigError(
+                f"--cache-size {cfg.cache_size} cannot hold two windows of --shuffle-window"
+                f" {cfg.shuffle_window} shards and the validation shards ({needs / 2**20:,.0f} MiB):"
+                " raise it, or lower --shuffle-window"
+            )
+        keep = {entry["name"] for entry in val.entries} | index["files"].keys()
+        train.prefetch = Prefetch(train, limit, cfg.num_workers * 4, keep)  # 4: the loader's prefetch_factor
+    return train, val
