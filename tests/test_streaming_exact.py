@@ -1,24 +1,26 @@
 """A streaming ddp project resumed at another number of processes keeps its global batch: a run
 stopped at 2 processes, resumed at 1 and stopped, then finished at 4 (torchrun on the CPU, gloo)
-trains on each step's very examples, and with --deterministic ends with the records of a run
-that never stopped, bit for bit. A number of processes that cannot share a step is refused."""
+trains on each step's very examples, in memory or streamed from a shard folder, and with
+--deterministic ends with the records of a run that never stopped, bit for bit, across an
+epoch's end. A number of processes that cannot share a step is refused in one line."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import signal
 import subprocess
+import sys
 
 import pytest
 from test_ddp import _env_ddp, _torchrun
-from test_project import records, render
+from test_project import _env, records, render
 
 PACKAGE = "exact_demo"
 STEPS = 24
-ARGS = ("train", "--max-steps", str(STEPS), "--batch-size", "8", "--grad-accum-steps", "2",
-        "--max-train-examples", "1024", "--ckpt-every", "100", "--eval-every", "12",
-        "--log-every", "1", "--deterministic", "--num-workers", "0", "--dropout", "0")  # fmt: skip
+# 3,686 training examples: 14 steps of 4 micro-batches of 64 an epoch, whatever the processes
+ARGS = ("train", "--max-steps", str(STEPS), "--batch-size", "64", "--grad-accum-steps", "2",
+        "--ckpt-every", "100", "--eval-every", "12", "--log-every", "1", "--deterministic",
+        "--num-workers", "0", "--dropout", "0", "--shuffle-window", "2")  # fmt: skip
 
 # Records each training micro-batch's example ids (rank by rank, in the order read) to IDS_TO, and
 # sends SIGTERM to rank 0 as it prints step SIGTERM_AT: every rank then stops, with a checkpoint,
@@ -55,21 +57,27 @@ if "RANK" in os.environ:  # a worker, not torchrun
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     project = render(
-        tmp_path_factory.mktemp("exact") / "exact-demo", distributed="ddp", streaming=True
+        tmp_path_factory.mktemp("exact") / "exact-demo",
+        distributed="ddp",
+        streaming=True,
+        task="custom",
     )
     (project / "inject").mkdir()
     (project / "inject" / "sitecustomize.py").write_text(INJECT.format(package=PACKAGE))
+    prepare = [sys.executable, "-m", PACKAGE, "prepare", "--out", "shards", "--shard-mb", "0.004"]
+    done = subprocess.run(prepare, cwd=project, env=_env(project), capture_output=True, text=True)
+    assert "wrote 8 train shards (3,686 examples)" in done.stdout, done.stdout + done.stderr
     return project
 
 
 def _train(
-    project, run_dir: str, nproc: int, ids: str, stop_at: int = 0
+    project, run_dir: str, nproc: int, ids: str, stop_at: int = 0, data: tuple = ()
 ) -> subprocess.CompletedProcess:
     env = _env_ddp(project)
     env |= {"PYTHONPATH": f"{project / 'inject'}:{env['PYTHONPATH']}", "IDS_TO": str(project / ids)}
     if stop_at:
         env["SIGTERM_AT"] = str(stop_at)
-    command = _torchrun(project, *ARGS, "--run-dir", run_dir, nproc=nproc)
+    command = _torchrun(project, *ARGS, *data, "--run-dir", run_dir, nproc=nproc)
     return subprocess.run(
         command, cwd=project, env=env, capture_output=True, text=True, timeout=600
     )
@@ -90,45 +98,45 @@ def _global_batches(project, ids: str, nproc: int, first_step: int) -> dict[int,
     }
 
 
-@pytest.fixture(scope="module")
-def reference(project):
-    """The uninterrupted run: 2 processes, 2 micro-batches of 8 each a step."""
-    done = _train(project, "runs/reference", 2, "ids-reference")
-    assert done.returncode == 0, done.stderr[-3000:]
-    return project / "runs" / "reference"
-
-
+# the in-memory data's order is EpochBatches' own, the shards' by windows: the same machinery after
+@pytest.mark.parametrize("data", [pytest.param("synthetic", marks=pytest.mark.slow), "shards"])
 def test_a_run_resumed_at_2_then_1_then_4_processes_matches_an_uninterrupted_one_bit_for_bit(
-    project, reference
+    project, data
 ):
-    chain, batches = [], {}
+    """The uninterrupted run: 2 processes, 2 micro-batches each a step. The chain stops at step 7
+    (mid-epoch) on 2, at 14 (an epoch's end) on 1, and ends at 4."""
+    given = ("--data", "shards") if data == "shards" else ()
+    reference = _train(project, f"runs/{data}", 2, f"ids-{data}", data=given)
+    assert reference.returncode == 0, reference.stderr[-3000:]
+    chain, batches, run_dir = [], {}, f"runs/{data}-chain"
     for nproc, stop_at, first_step in ((2, 6, 0), (1, 13, 7), (4, 0, 14)):
-        done = _train(project, "runs/chain", nproc, f"ids-{nproc}", stop_at)
+        done = _train(project, run_dir, nproc, f"ids-{data}-{nproc}", stop_at, given)
         chain.append(done)
         assert done.returncode == (128 + signal.SIGTERM if stop_at else 0), done.stderr[-3000:]
-        batches |= _global_batches(project, f"ids-{nproc}", nproc, first_step)
-    assert "resuming from runs/chain/checkpoints/step-00000007.pt at step 7" in chain[1].stdout
+        batches |= _global_batches(project, f"ids-{data}-{nproc}", nproc, first_step)
+    assert f"resuming from {run_dir}/checkpoints/step-00000007.pt at step 7" in chain[1].stdout
     assert [line for line in chain[2].stdout.splitlines() if line.startswith("warning:")] == [
-        "warning: runs/chain was trained by 1 processes, resumed by 4: the global batch stays the"
-        " run's, 4 x 1 micro-batches of 8 a step, and so do its examples; ranks 1+ start fresh"
+        f"warning: {run_dir} was trained by 1 processes, resumed by 4: the global batch stays the"
+        " run's, 4 x 1 micro-batches of 64 a step, and so do its examples; ranks 1+ start fresh"
         " random streams"
     ]
-    assert batches == _global_batches(project, "ids-reference", 2, 0)  # every step's examples
+    assert batches == _global_batches(project, f"ids-{data}", 2, 0)  # every step's examples
     assert sorted(batches) == list(range(1, STEPS + 1))
-    expected, got = records(reference), records(project / "runs" / "chain")
+    expected, got = records(project / f"runs/{data}"), records(project / run_dir)
     pairs = [(a["loss"], b["loss"]) for a, b in zip(expected, got, strict=True)]
     print(f"max abs difference of the losses: {max(abs(a - b) for a, b in pairs):.3g}")
     assert got == expected  # train and val records, bit for bit
 
 
-def test_a_number_of_processes_that_cannot_share_a_step_is_refused_in_one_line(project, reference):
+def test_a_number_of_processes_that_cannot_share_a_step_is_refused_in_one_line(project):
     run_dir = project / "runs" / "three"
-    shutil.copytree(reference, run_dir)
+    stopped = _train(project, "runs/three", 2, "ids-three", stop_at=1)
+    assert stopped.returncode == 128 + signal.SIGTERM, stopped.stderr[-3000:]
     records_before = (run_dir / "metrics.jsonl").read_bytes()
     done = _train(project, "runs/three", 3, "ids-three")
     assert done.returncode == 2, done.stderr[-3000:]
     assert (
-        "runs/three trains on 4 micro-batches of 8 a step, which 3 processes cannot share:"
+        "runs/three trains on 4 micro-batches of 64 a step, which 3 processes cannot share:"
         " resume it on a number that divides 4"
     ) in done.stderr
     assert "Traceback" not in done.stderr
