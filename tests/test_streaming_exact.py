@@ -7,6 +7,7 @@ epoch's end. A number of processes that cannot share a step is refused in one li
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -15,7 +16,6 @@ import pytest
 from test_ddp import _env_ddp, _torchrun
 from test_project import _env, records, render
 
-PACKAGE = "exact_demo"
 STEPS = 24
 # 3,686 training examples: 14 steps of 4 micro-batches of 64 an epoch, whatever the processes
 ARGS = ("train", "--max-steps", str(STEPS), "--batch-size", "64", "--grad-accum-steps", "2",
@@ -54,20 +54,26 @@ if "RANK" in os.environ:  # a worker, not torchrun
 """
 
 
-@pytest.fixture(scope="module")
-def project(tmp_path_factory):
+def _render(tmp_path_factory, distributed: str):
+    """A streaming project of the custom task, its synthetic data also written as 8 shards."""
     project = render(
-        tmp_path_factory.mktemp("exact") / "exact-demo",
-        distributed="ddp",
+        tmp_path_factory.mktemp("exact") / f"exact-{distributed}",
+        distributed=distributed,
         streaming=True,
         task="custom",
     )
+    package = f"exact_{distributed}"
     (project / "inject").mkdir()
-    (project / "inject" / "sitecustomize.py").write_text(INJECT.format(package=PACKAGE))
-    prepare = [sys.executable, "-m", PACKAGE, "prepare", "--out", "shards", "--shard-mb", "0.004"]
+    (project / "inject" / "sitecustomize.py").write_text(INJECT.format(package=package))
+    prepare = [sys.executable, "-m", package, "prepare", "--out", "shards", "--shard-mb", "0.004"]
     done = subprocess.run(prepare, cwd=project, env=_env(project), capture_output=True, text=True)
     assert "wrote 8 train shards (3,686 examples)" in done.stdout, done.stdout + done.stderr
     return project
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    return _render(tmp_path_factory, "ddp")
 
 
 def _train(
@@ -98,13 +104,10 @@ def _global_batches(project, ids: str, nproc: int, first_step: int) -> dict[int,
     }
 
 
-# the in-memory data's order is EpochBatches' own, the shards' by windows: the same machinery after
-@pytest.mark.parametrize("data", [pytest.param("synthetic", marks=pytest.mark.slow), "shards"])
-def test_a_run_resumed_at_2_then_1_then_4_processes_matches_an_uninterrupted_one_bit_for_bit(
-    project, data
-):
-    """The uninterrupted run: 2 processes, 2 micro-batches each a step. The chain stops at step 7
-    (mid-epoch) on 2, at 14 (an epoch's end) on 1, and ends at 4."""
+def _chain(project, data: str) -> tuple[list, list]:
+    """The uninterrupted run (2 processes, 2 micro-batches each a step) and the chain, stopped at
+    step 7 (mid-epoch) on 2 processes, at 14 (an epoch's end) on 1, ended on 4: their records,
+    once each step's examples are found the same."""
     given = ("--data", "shards") if data == "shards" else ()
     reference = _train(project, f"runs/{data}", 2, f"ids-{data}", data=given)
     assert reference.returncode == 0, reference.stderr[-3000:]
@@ -114,18 +117,41 @@ def test_a_run_resumed_at_2_then_1_then_4_processes_matches_an_uninterrupted_one
         chain.append(done)
         assert done.returncode == (128 + signal.SIGTERM if stop_at else 0), done.stderr[-3000:]
         batches |= _global_batches(project, f"ids-{data}-{nproc}", nproc, first_step)
-    assert f"resuming from {run_dir}/checkpoints/step-00000007.pt at step 7" in chain[1].stdout
-    assert [line for line in chain[2].stdout.splitlines() if line.startswith("warning:")] == [
-        f"warning: {run_dir} was trained by 1 processes, resumed by 4: the global batch stays the"
-        " run's, 4 x 1 micro-batches of 64 a step, and so do its examples; ranks 1+ start fresh"
-        " random streams"
-    ]
+    resumed = (
+        rf"resuming from {run_dir}/checkpoints/step-00000007(\.pt)? at step 7"  # fsdp: a folder
+    )
+    assert re.search(resumed, chain[1].stdout), chain[1].stdout
+    warnings = [line for line in chain[2].stdout.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and (
+        f"warning: {run_dir} was trained by 1 processes, resumed by 4: " in warnings[0]
+        and "the global batch stays the run's, 4 x 1 micro-batches of 64 a step, and so do its"
+        " examples; ranks 1+ start fresh random streams"
+        in warnings[0]
+    ), warnings
     assert batches == _global_batches(project, f"ids-{data}", 2, 0)  # every step's examples
     assert sorted(batches) == list(range(1, STEPS + 1))
     expected, got = records(project / f"runs/{data}"), records(project / run_dir)
     pairs = [(a["loss"], b["loss"]) for a, b in zip(expected, got, strict=True)]
     print(f"max abs difference of the losses: {max(abs(a - b) for a, b in pairs):.3g}")
+    return expected, got
+
+
+# the in-memory data's order is EpochBatches' own, the shards' by windows: the same machinery after
+@pytest.mark.parametrize("data", [pytest.param("synthetic", marks=pytest.mark.slow), "shards"])
+def test_a_run_resumed_at_2_then_1_then_4_processes_matches_an_uninterrupted_one_bit_for_bit(
+    project, data
+):
+    expected, got = _chain(project, data)
     assert got == expected  # train and val records, bit for bit
+
+
+@pytest.mark.slow
+def test_fsdp_resumed_at_2_then_1_then_4_processes_trains_on_the_same_examples(tmp_path_factory):
+    """FSDP reshards and keeps the global batch too; its losses differ in the last bits only (its
+    reduce-scatter adds the ranks' gradients in another order at another number of processes)."""
+    expected, got = _chain(_render(tmp_path_factory, "fsdp"), "shards")
+    assert [(r["step"], r["split"]) for r in got] == [(r["step"], r["split"]) for r in expected]
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(expected, got, strict=True)) < 1e-5
 
 
 def test_a_number_of_processes_that_cannot_share_a_step_is_refused_in_one_line(project):
