@@ -74,7 +74,7 @@ def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=
     engine.optimizer.zero_grad(set_to_none=True)
     engine.scheduler.step()  # once an optimizer step, not a micro-batch
     mark("done")
-    return sum(losses[1:], start=losses[0]), grad_norm  # sum(losses) would add a 0 first
+    return distributed.step_loss(losses), grad_norm
 
 
 @torch.no_grad()
@@ -157,7 +157,7 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
         last = state.step == cfg.max_steps
         save = state.step % cfg.ckpt_every == 0 or last or signum or overdue
         if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
-            loss = distributed.all_reduce_sum(loss) / loop.group.world_size  # over every rank's examples
+            loss = distributed.mean_loss(loss)  # over every rank's examples
             log_train(loop, progress, loss.item(), lr, grad_norm.item(), int(skipped.item()))
         waits.steps += time.perf_counter() - step_started  # to the logging sync; not validation
         if state.step % eval_every == 0 or last:

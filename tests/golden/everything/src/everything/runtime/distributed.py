@@ -460,6 +460,16 @@ def gradient_sync(forward: torch.nn.Module, last: bool) -> contextlib.AbstractCo
     return contextlib.nullcontext()
 
 
+def step_loss(losses: list[torch.Tensor]) -> torch.Tensor:
+    """The step's loss: its micro-batches' shares added (sum() would add a 0 first)."""
+    return sum(losses[1:], start=losses[0])
+
+
+def mean_loss(loss: torch.Tensor) -> torch.Tensor:
+    """The step's loss over every rank's examples (a host sync: logging steps only)."""
+    return all_reduce_sum(loss) / dist.get_world_size()
+
+
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float) -> torch.Tensor:
     return torch.nn.utils.clip_grad_norm_(params, max_norm).full_tensor()  # over every shard
 
@@ -505,9 +515,10 @@ def resharding(saved_world: int, world_size: int, cfg: Config) -> str | None:
         return None
     return (
         f"{cfg.run_dir} was trained by {saved_world} processes, resumed by {world_size}: the model and"
-        f" optimizer are resharded exactly; the global batch becomes {world_size} x {cfg.batch_size}"
-        " examples, the epoch goes on from the first batch not wholly trained on, and ranks"
-        f" {saved_world}+ start fresh random streams (see README: Distributed training)"
+        f" optimizer are resharded exactly; the global batch stays the run's, {world_size} x"
+        f" {cfg.grad_accum_steps} micro-batches of {cfg.batch_size} a step, and so do its examples"
+        + (f"; ranks {saved_world}+ start fresh random streams" if world_size > saved_world else "")
+        + " (see README: Distributed training)"
     )
 
 

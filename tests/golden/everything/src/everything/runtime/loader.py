@@ -68,10 +68,17 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
     AHEAD = 64  # batches whose examples are worked out at once: numpy's cost is per call
 
     def __init__(
-        self, n_examples: int, batch_size: int, seed: int, rank: int = 0, world_size: int = 1, order=None
+        self,
+        n_examples: int,
+        batch_size: int,
+        seed: int,
+        rank: int = 0,
+        world_size: int = 1,
+        order=None,
+        accumulation: int = 1,  # micro-batches a step on each rank
     ) -> None:
         self.n_examples, self.batch_size, self.seed = n_examples, batch_size, seed
-        self.rank, self.world_size = rank, world_size
+        self.rank, self.world_size, self.accumulation = rank, world_size, accumulation
         self.epoch = self.start = 0
         # (seed, epoch) -> the epoch's order: the data's own (streamed shards: by windows) or a Shuffle
         self.order = order or partial(Shuffle, n_examples)
@@ -80,7 +87,9 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
         self.epoch, self.start = epoch, start
 
     def batches_per_epoch(self) -> int:
-        return self.n_examples // (self.batch_size * self.world_size)
+        # whole steps of the global batch: epochs end at the same step at any number of processes
+        steps = self.n_examples // (self.batch_size * self.world_size * self.accumulation)
+        return steps * self.accumulation
 
     def __len__(self) -> int:
         return self.batches_per_epoch() - self.start
@@ -163,7 +172,9 @@ def build_loaders(splits, cfg: Config, device: torch.device, group: Dist | None 
     group = group or init_distributed(device.type)
     n_train = training_examples(splits, cfg)
     order = getattr(splits.train, "shuffle", None)  # streamed shards' own order
-    batches = EpochBatches(n_train, cfg.batch_size, cfg.seed, group.rank, group.world_size, order)
+    batches = EpochBatches(
+        n_train, cfg.batch_size, cfg.seed, group.rank, group.world_size, order, cfg.grad_accum_steps
+    )
     if batches.batches_per_epoch() == 0:
         raise ConfigError(
             f"{n_train} training examples make no full batch of {cfg.batch_size} x {group.world_size}"

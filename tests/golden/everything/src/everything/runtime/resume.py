@@ -38,12 +38,14 @@ def restore_run(loop: Loop) -> dict | None:
         if cfg.init_from:  # a fresh start only: a resume's weights are its checkpoint's
             record["init_from"] = init_weights(loop.engine.model, cfg.init_from, say)
         loop.run.start(record)
-        loop.state = TrainState(schedule_steps=cfg.max_steps)
+        loop.state = TrainState(schedule_steps=cfg.max_steps, world_size=group.world_size)
         return None
     path, checkpoint = latest
     saved_world = len(checkpoint["rng"])
-    note = resharding(saved_world, group.world_size, cfg)
+    accumulation = share_of_step(checkpoint, cfg, group.world_size)
     check_resumable(checkpoint, cfg, loop.splits)
+    cfg.grad_accum_steps = accumulation  # this run's: saved so in its checkpoints' config
+    note = resharding(saved_world, group.world_size, cfg)
     state = loop.state = TrainState(**checkpoint["state"])
     planned = state.schedule_steps or checkpoint["config"]["max_steps"]
     if cfg.max_steps < state.step:
@@ -77,6 +79,22 @@ def restore_run(loop: Loop) -> dict | None:
             f" --min-lr {cfg.min_lr:g} (a longer decay wants a new --run-dir)"
         )
     return checkpoint["rng"][group.rank] if group.rank < saved_world else None
+
+
+def share_of_step(checkpoint: dict, cfg: Config, world_size: int) -> int:
+    """This process's micro-batches a step. A run keeps the global batch it started with (its
+    processes x --grad-accum-steps micro-batches of --batch-size) at any number of processes, so
+    each step trains on the very examples it would have. The checkpoint's config gets back the
+    --grad-accum-steps of the start, which a resume repeats (check_resumable compares them)."""
+    config, started = checkpoint["config"], checkpoint["state"]["world_size"]
+    micro_batches = config["grad_accum_steps"] * len(checkpoint["rng"])  # a step's, over every process
+    config["grad_accum_steps"] = micro_batches // started
+    if micro_batches % world_size:
+        raise ConfigError(
+            f"{cfg.run_dir} trains on {micro_batches} micro-batches of {cfg.batch_size} a step, which"
+            f" {world_size} processes cannot share: resume it on a number that divides {micro_batches}"
+        )
+    return micro_batches // world_size
 
 
 def check_best(loop: Loop, checkpoint: dict) -> None:

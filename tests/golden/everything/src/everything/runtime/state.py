@@ -26,6 +26,7 @@ class TrainState:
     best_step: int = 0
     evals_since_best: int = 0  # for early stopping
     schedule_steps: int = 0  # the cosine decay's horizon: --max-steps when the run started
+    world_size: int = 1  # processes at the start: theirs is the global batch at any number (resume.py)
     skipped_steps: int = 0  # optimizer steps the GradScaler skipped: their gradients overflowed
 
     def reshard(self, saved_world: int, world_size: int) -> None:
