@@ -79,6 +79,13 @@ TOKENIZER_BY_PRECISION = {"fp32": "char", "bf16": "bpe", "fp16": "byte"}
 CORPUS_WORDS = ("the", "a", "cat", "dog", "sees", "an", "old", "man", "my", "sister", "by", "sea")
 
 
+# Streaming combinations check on shards their own `prepare` wrote to a local folder (the
+# synthetic data, generation's corpus above), streamed as a URL's would be; small shards, so that
+# a check reads several of them and its shuffle spans windows of them.
+SHARDS = "data/matrix-shards"
+SHARD_MB = "0.05"
+
+
 def check_sizes(answers: dict[str, Any]) -> dict[str, Any]:
     """The config options a combination's check runs with."""
     sizes = {**CHECK_SIZES, **CHECK_SIZES_BY_TASK.get(str(answers.get("task")), {})}
@@ -86,16 +93,20 @@ def check_sizes(answers: dict[str, Any]) -> dict[str, Any]:
         sizes["data"] = PREPARED
         if int(answers.get("grad_accum_steps", 1)) > 1:
             sizes["documents"] = None  # the flag alone
+    if answers.get("streaming"):
+        sizes["data"] = SHARDS
     return sizes
 
 
 def prepare_arguments(answers: dict[str, Any]) -> list[str] | None:
-    """`prepare`'s arguments for a generation combination (None for the other tasks)."""
+    """`prepare`'s arguments for a generation or a streaming combination (None for the others):
+    generation's tokenizes the corpus, a streaming one's writes shards."""
+    streaming = ["--out", SHARDS, "--shard-mb", SHARD_MB] if answers.get("streaming") else []
     if answers.get("task") != "generation":
-        return None
+        return ["prepare", *streaming] if streaming else None
     tokenizer = TOKENIZER_BY_PRECISION.get(str(answers.get("precision")), "byte")
     vocabulary = ["--vocab-size", "512"] if tokenizer == "bpe" else []
-    where = ["--data", "corpus.jsonl", "--out", PREPARED]
+    where = ["--data", "corpus.jsonl", *(streaming or ["--out", PREPARED])]
     return ["prepare", *where, "--tokenizer", tokenizer, *vocabulary]
 
 
@@ -318,7 +329,8 @@ def _run_one(job: Job) -> Outcome:
     prepare = None if cross else prepare_arguments(job.answers)
     if prepare:
         start = time.perf_counter()
-        write_corpus(project / "corpus.jsonl")
+        if job.answers.get("task") == "generation":
+            write_corpus(project / "corpus.jsonl")
         command = [sys.executable, "-m", project_package(project), *prepare]
         returncode, output = run(project, job, command, "prepare.log", ranks=1)
         seconds["prepare"] = time.perf_counter() - start

@@ -218,7 +218,10 @@ FAMILY_LEAVES_OUT = (*FINETUNE_ANSWERS, "finetune")
 def family(answers: dict[str, Any]) -> str:
     """The answers twins share with their primary: one family is checked together (a shard holds
     whole families, so each twin's primary runs beside it, and each finetune combination its
-    finetune primary and its finetune-false twin)."""
+    finetune primary and its finetune-false twin; each streaming combination its streaming
+    primary: a streaming family is a task and a distributed answer)."""
+    if answers.get("streaming"):
+        return combination_id({k: v for k, v in answers.items() if k in STREAMING_FAMILY})
     return combination_id({k: v for k, v in answers.items() if k not in FAMILY_LEAVES_OUT})
 
 
@@ -234,7 +237,8 @@ def plans(
     for answers in combos:
         plan = None
         if not full:
-            plan = _finetune_plan(answers, present, resumed, native_device=native_device)
+            plan = _streaming_plan(answers, present, native_device=native_device)
+            plan = plan or _finetune_plan(answers, present, resumed, native_device=native_device)
         result.append(plan or _plan(answers, present, native_device=native_device, full=full))
     return result
 
@@ -321,6 +325,47 @@ def _finetune_plan(
             then_options=_init_from(answers) if then else {},
         )
     differs = [k for k in FINETUNE_ANSWERS if answers.get(k) != primary_answers.get(k)]
+    which = CROSS_CHECK if len(differs) == 1 else LINT_ONLY
+    return Plan(which=which, options={}, primary=primary)
+
+
+# A streaming combination's primary: one a task and distributed answer, with the cheapest of the
+# other answers (tracker none, the checking device, fp32, no compile, no finetune, no
+# accumulation). It writes its data as shards (`prepare --out`, scaffold.matrix.runner) and runs
+# `check all` streaming them; see the module's note.
+STREAMING_PRIMARY = {
+    "tracker": PRIMARY_TRACKER,
+    "precision": "fp32",
+    "compile": False,
+    "finetune": False,
+    "grad_accum_steps": 1,
+}
+STREAMING_FAMILY = ("task", "distributed", "streaming")
+
+
+def streaming_primary_of(answers: dict[str, Any], *, native_device: bool) -> dict[str, Any]:
+    """The streaming combination whose checks stream the data of `answers`' task and distributed
+    answer (see STREAMING_PRIMARY; the device as in primary_of)."""
+    primary = primary_of(answers, native_device=native_device)
+    primary.update({k: v for k, v in STREAMING_PRIMARY.items() if k in primary})
+    return primary
+
+
+def _streaming_plan(
+    answers: dict[str, Any], present: set[str], *, native_device: bool
+) -> Plan | None:
+    """A streaming combination's plan where its streaming primary is in the run (else None: the
+    other rules, within the streaming half): the primary's `check all` on shards it prepared;
+    --help one answer away from it; lint only for the rest."""
+    if not answers.get("streaming"):
+        return None
+    primary_answers = streaming_primary_of(answers, native_device=native_device)
+    primary = combination_id(primary_answers)
+    if primary not in present:
+        return None
+    if primary == combination_id(answers):
+        return Plan(which="all", options={})
+    differs = [k for k in answers if answers[k] != primary_answers[k]]
     which = CROSS_CHECK if len(differs) == 1 else LINT_ONLY
     return Plan(which=which, options={}, primary=primary)
 
