@@ -228,6 +228,22 @@ def test_each_compile_family_starts_once_before_the_rest():
     assert rest == sorted(rest)
 
 
+def test_the_lint_only_and_help_combinations_go_to_a_worker_a_batch_at_a_time():
+    """Each check alone (they take seconds to minutes: the jobs finish together); the lint-only
+    and --help combinations BATCH at a time, in the schedule's order, every one exactly once."""
+    combos = matrix.combinations()
+    plans = matrix.plans(combos)
+    order = matrix.schedule(combos, plans)
+
+    batches = runner.batches(order, plans)
+
+    assert [i for batch in batches for i in batch] == order
+    for batch in batches:
+        kinds = {plans[i].which for i in batch}
+        assert len(batch) == 1 or (kinds <= {"lint", "import"} and len(batch) <= runner.BATCH)
+    assert sum(len(b) > 1 for b in batches) >= (len(combos) - 1000) // runner.BATCH
+
+
 def test_generation_checks_run_on_a_folder_its_own_prepare_wrote(tmp_path):
     """bf16 with accumulation: BPE token files, trained with --documents; the resume check's run
     records the prepared folder, its tokenizer and digest."""
