@@ -456,12 +456,10 @@ def test_a_streaming_primary_prepares_shards_and_checks_on_them():
 
     custom = {"task": "custom", "precision": "fp32", "streaming": True}
     assert runner.prepare_arguments(custom) == [
-        "prepare",
-        "--out",
-        runner.SHARDS,
-        "--shard-mb",
-        "0.05",
-    ]
+        "prepare", "--out", runner.SHARDS, "--shard-mb", "0.05", "--batch-size=8",
+        "--val-fraction=0.01",
+    ]  # fmt: skip
+    assert "--image-size=16" in runner.prepare_arguments({**custom, "task": "image"})
     assert runner.check_sizes(custom)["data"] == runner.SHARDS
     generation = {**custom, "task": "generation"}
     assert runner.prepare_arguments(generation) == [

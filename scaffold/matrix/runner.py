@@ -103,7 +103,14 @@ def prepare_arguments(answers: dict[str, Any]) -> list[str] | None:
     generation's tokenizes the corpus, a streaming one's writes shards."""
     streaming = ["--out", SHARDS, "--shard-mb", SHARD_MB] if answers.get("streaming") else []
     if answers.get("task") != "generation":
-        return ["prepare", *streaming] if streaming else None
+        if not streaming:
+            return None
+        # the data the check reads (the image size, the validation split) as the check's sizes
+        sizes = {k: v for k, v in check_sizes(answers).items() if k != "data"}
+        options = [
+            f"--{k.replace('_', '-')}" + ("" if v is None else f"={v}") for k, v in sizes.items()
+        ]
+        return ["prepare", *streaming, *options]
     tokenizer = TOKENIZER_BY_PRECISION.get(str(answers.get("precision")), "byte")
     vocabulary = ["--vocab-size", "512"] if tokenizer == "bpe" else []
     where = ["--data", "corpus.jsonl", *(streaming or ["--out", PREPARED])]
