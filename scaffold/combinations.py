@@ -7,6 +7,7 @@ such as "ddp is not for mps"). The matrix runs them; the golden renders pick two
 
 from __future__ import annotations
 
+import collections
 import hashlib
 import itertools
 import json
@@ -174,12 +175,16 @@ def shard(
     Combinations are dealt round-robin in the order of a hash of their names, not in file
     order (where a stride can fall in step with the inner questions: every shard all compile
     or none), so each slice is a fair sample of the matrix and slices take similar times.
-    Combinations with the same `key` go to the same slice (dealt by the hash of the key)."""
+    Combinations with the same `key` go to the same slice (dealt by the hash of the key), the
+    largest groups first: groups of a size (the matrix's families: a streaming one holds 192 or
+    288 combinations, another 32 or 48) are then dealt evenly, not three of the largest to one
+    slice and none to another."""
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
     if not match or not 1 <= int(match[1]) <= int(match[2]):
         raise UsageError(f"--shard {spec!r}: expected I/N with 1 <= I <= N, such as 2/8")
     index, count = int(match[1]), int(match[2])
-    keys = sorted({key(c) for c in combos}, key=_stable_hash)
+    sizes = collections.Counter(key(c) for c in combos)
+    keys = sorted(sizes, key=lambda k: (-sizes[k], _stable_hash(k)))
     mine = set(keys[index - 1 :: count])
     return [c for c in combos if key(c) in mine]
 

@@ -169,6 +169,7 @@ def _running(pid: int) -> bool:
 def test_run_matrix_checks_real_projects_in_forked_processes(tmp_path):
     """The default combination and its ddp and fsdp siblings, rendered, linted and checked."""
     only = ["task=classification", "tracker=none", "device=cpu", "precision=fp32", "finetune=no"]
+    only.append("streaming=no")
     combos = matrix.select(matrix.combinations(), [*only, "grad_accum_steps=1", "compile=no"])
     assert [c["distributed"] for c in combos] == ["none", "ddp", "fsdp"]
 
@@ -187,7 +188,7 @@ def test_a_twin_runs_check_resume_with_its_tracker_and_without_compile(tmp_path)
     check alone, without torch.compile, its tracker logging."""
     base = {"task": "regression", "distributed": "none", "precision": "fp32"}
     only = [f"{k}={v}" for k, v in base.items()] + ["grad_accum_steps=1", "compile=yes"]
-    only.append("finetune=no")
+    only += ["finetune=no", "streaming=no"]
     combos = [
         c
         for c in matrix.select(matrix.combinations(), only)
@@ -227,10 +228,27 @@ def test_each_compile_family_starts_once_before_the_rest():
     assert rest == sorted(rest)
 
 
+def test_the_lint_only_and_help_combinations_go_to_a_worker_a_batch_at_a_time():
+    """Each check alone (they take seconds to minutes: the jobs finish together); the lint-only
+    and --help combinations BATCH at a time, in the schedule's order, every one exactly once."""
+    combos = matrix.combinations()
+    plans = matrix.plans(combos)
+    order = matrix.schedule(combos, plans)
+
+    batches = runner.batches(order, plans)
+
+    assert [i for batch in batches for i in batch] == order
+    for batch in batches:
+        kinds = {plans[i].which for i in batch}
+        assert len(batch) == 1 or (kinds <= {"lint", "import"} and len(batch) <= runner.BATCH)
+    assert sum(len(b) > 1 for b in batches) >= (len(combos) - 1000) // runner.BATCH
+
+
 def test_generation_checks_run_on_a_folder_its_own_prepare_wrote(tmp_path):
     """bf16 with accumulation: BPE token files, trained with --documents; the resume check's run
     records the prepared folder, its tokenizer and digest."""
     only = ["task=generation", "tracker=none", "device=cpu", "precision=bf16", "finetune=no"]
+    only.append("streaming=no")
     combos = matrix.select(
         matrix.combinations(), [*only, "grad_accum_steps=4", "compile=no", "distributed=none"]
     )
@@ -255,7 +273,7 @@ def _cross_job(tmp_path: Path, template: Path) -> runner.Job:
         c
         for c in matrix.select(matrix.combinations(), [f"{k}={v}" for k, v in answers.items()])
         if c["precision"] == "fp32" and c["grad_accum_steps"] == 1 and not c["compile"]
-        if not c["finetune"]
+        if not c["finetune"] and not c["streaming"]
     ]
     plan = matrix.twins.Plan(which=matrix.twins.CROSS_CHECK, options={}, primary="its primary")
     return runner.Job(
@@ -295,7 +313,7 @@ def test_a_plan_of_two_checks_runs_the_second_after_the_first_with_its_own_optio
     that left (--init-from, in a finetune render); each its own command and log, the options
     after the first only the later check's."""
     only = ["task=regression", "tracker=none", "device=cpu", "distributed=none", "precision=fp32"]
-    only += ["grad_accum_steps=1", "compile=no", "finetune=no"]
+    only += ["grad_accum_steps=1", "compile=no", "finetune=no", "streaming=no"]
     [combo] = matrix.select(matrix.combinations(), only)
     then = ("train", "init")
     plan = matrix.Plan(which="resume", options={}, then=then, then_options={"lr": 0.002})

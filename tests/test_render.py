@@ -12,6 +12,7 @@ from scaffold.matrix import (
     combinations,
     lint_problems,
 )
+from scaffold.matrix.lint import lint_many
 from scaffold.render import new_project
 
 ALL = combinations()
@@ -54,6 +55,37 @@ def test_lint_finds_code_of_an_option_not_chosen(tmp_path):
 
     assert "'torch.compile' present although not compile was chosen" in problems
     assert any(p.startswith("template residue in src/") for p in problems)
+
+
+def test_linted_together_each_project_is_linted_as_alone(tmp_path):
+    """The matrix lints many renders with one ruff start (lint_many): each project still takes
+    its own ruff settings (a 100-character line passes its line length of 110), and a problem in
+    one is reported against it alone, in lint_problems' words."""
+    picked = [ALL[0], ALL[len(ALL) // 3], ALL[-1]]
+    projects = [
+        (new_project(tmp_path / f"{i}" / LONGEST_NAME, c, git=False).path, c)
+        for i, c in enumerate(picked)
+    ]
+    long_line = f'\n\nLONG = "{"a" * 91}"\n'  # 100 characters: over ruff's default 88
+    for project, _ in projects:
+        train = next(project.glob("src/*/train.py"))
+        train.write_text(train.read_text() + long_line)
+    config = next(projects[1][0].glob("src/*/config.py"))
+    config.write_text(config.read_text() + "\nimport os\n")  # unused, and not at the top
+    train = next(projects[2][0].glob("src/*/train.py"))
+    train.write_text(train.read_text() + 'x = {  "a":1}  # {{ leftover }}\n')
+
+    together = lint_many(projects)
+
+    assert together == [lint_problems(p, c) for p, c in projects]
+    assert together[0] == []
+    assert [p.split("\n")[0] for p in together[1]] == [
+        "`ruff check` failed:",
+        "`ruff format` failed:",
+    ]
+    assert "F401" in together[1][0] and "config.py" in together[1][1]
+    assert together[2][0].startswith("`ruff format` failed:")
+    assert together[2][1].startswith("template residue in src/")
 
 
 def test_invalid_combinations_are_left_out():

@@ -10,8 +10,14 @@ from scaffold import matrix
 from scaffold.combinations import combination_id
 
 
+def _streaming_false(*only: str) -> list[dict]:
+    """The combinations with streaming false (and `only`): the rules before streaming, whose
+    plans the streaming half leaves as they were (its own tests below)."""
+    return matrix.select(matrix.combinations(), ["streaming=no", *only])
+
+
 def test_the_primaries_get_check_all_and_every_other_combination_is_their_twin():
-    combos = matrix.combinations()
+    combos = _streaming_false()
     plans = matrix.plans(combos)
 
     by_id = {combination_id(c): c for c in combos}
@@ -42,13 +48,13 @@ def test_a_twin_without_its_primary_in_the_run_gets_every_check():
     combos = matrix.select(matrix.combinations(), ["tracker=wandb"])
     assert combos and {p.which for p in matrix.plans(combos)} == {"all"}
 
-    slice_ = matrix.select(matrix.combinations(), ["task=custom", "precision=bf16", "finetune=no"])
+    slice_ = _streaming_false("task=custom", "precision=bf16", "finetune=no")
     plans = matrix.plans(slice_)
     assert {p.which for p in plans} == {"all", "resume", "import"}
     assert {p.which for p in matrix.plans(slice_, full=True)} == {"all"}
 
     # without the device twins (tracker none), a tracker on cuda runs its own resume check
-    custom = matrix.select(matrix.combinations(), ["task=custom", "finetune=no"])
+    custom = _streaming_false("task=custom", "finetune=no")
     no_device_twins = [
         c
         for c in custom
@@ -61,7 +67,7 @@ def test_a_twin_without_its_primary_in_the_run_gets_every_check():
 
 
 def test_an_fsdp_twin_is_a_cross_exactly_when_its_ddp_sibling_is_in_the_run():
-    combos = matrix.select(matrix.combinations(), ["task=regression", "finetune=no"])
+    combos = _streaming_false("task=regression", "finetune=no")
     fsdp_only = [c for c in combos if c["distributed"] == "fsdp"]
     for run in (combos, fsdp_only):
         present = {combination_id(c) for c in run}
@@ -79,9 +85,7 @@ def test_an_fsdp_twin_is_a_cross_exactly_when_its_ddp_sibling_is_in_the_run():
 def test_a_compile_twin_resumes_itself_only_without_its_uncompiled_sibling():
     """A twin's resume runs with --no-compile: where the twin without compile is in the run, the
     compile twin would run the same lines again, and runs --help only."""
-    combos = matrix.select(
-        matrix.combinations(), ["task=classification", "distributed=none", "finetune=no"]
-    )
+    combos = _streaming_false("task=classification", "distributed=none", "finetune=no")
     compiled_only = [c for c in combos if c["compile"]]
     counts = {}
     for run in (combos, compiled_only):
@@ -96,14 +100,14 @@ def test_a_compile_twin_resumes_itself_only_without_its_uncompiled_sibling():
         counts[len(run)] = collections.Counter(twins)
     assert counts[len(combos)] == {"import": 30}  # 6 families x (3 trackers, cuda, mps)
     assert counts[len(compiled_only)] == {"resume": 30}
-    combos = matrix.combinations()
+    combos = _streaming_false()
     assert collections.Counter(
         p.which for c, p in zip(combos, matrix.plans(combos), strict=True) if not c["finetune"]
     ) == {"all": 144, "resume": 270, "import": 1266}  # 36 finetune-false primaries' --help
 
 
 def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
-    combos = matrix.combinations()
+    combos = _streaming_false()
     plans = matrix.plans(combos)
     by_id = {combination_id(c): c for c in combos}
     crosses = [  # not the finetune-false primaries' --help (their own test below)
@@ -132,7 +136,7 @@ def test_crosses_are_the_twins_differing_in_both_and_are_checked_last():
 
 
 def test_with_the_checks_on_the_projects_own_device_only_the_tracker_makes_twins():
-    combos = matrix.select(matrix.combinations(), ["device=cuda", "finetune=no"])
+    combos = _streaming_false("device=cuda", "finetune=no")
     plans = matrix.plans(combos, native_device=True)
 
     primaries = [c for c, p in zip(combos, plans, strict=True) if p.which == "all"]
@@ -168,9 +172,13 @@ def test_shards_partition_the_matrix_and_keep_each_family_together():
                     "all",
                     "import",
                 )
-        assert sum(p.which == "all" for p in matrix.plans(s)) == 2 * len(
-            {matrix.family(c) for c in s}
-        )  # accumulation 1 and 4
+        families = collections.Counter(
+            c["streaming"] for c in {matrix.family(c): c for c in s}.values()
+        )
+        # accumulation 1 and 4 a family; one streaming primary a streaming family
+        assert (
+            sum(p.which == "all" for p in matrix.plans(s)) == 2 * families[False] + families[True]
+        )
     sizes = [len(s) for s in shards]
     assert max(sizes) < 1.5 * min(sizes)
 
@@ -198,7 +206,7 @@ def test_a_finetune_combination_runs_what_its_finetune_lines_need_and_no_more():
     accumulation) runs check resume (EMA on, a freeze lifted mid-run), then check init from that
     run's best checkpoint; a combination one answer away from it imports its modules (--help);
     the rest are rendered and linted."""
-    combos = matrix.combinations()
+    combos = _streaming_false()
     plans = matrix.plans(combos)
     by_id = {combination_id(c): c for c in combos}
 
@@ -233,7 +241,7 @@ def test_a_finetune_false_primary_hands_its_check_all_to_its_finetune_primary():
     """Where its model is the finetune render's and a tracker twin resumes its render, the
     finetune-false primary runs --help and its finetune primary check all (scaffold.matrix.twins
     says line by line why nothing goes unrun)."""
-    combos = matrix.combinations()
+    combos = _streaming_false()
     plans = matrix.plans(combos)
     by_id = {combination_id(c): c for c in combos}
     plan_of = dict(zip(by_id, plans, strict=True))
@@ -301,9 +309,10 @@ def test_a_finetune_slice_without_its_finetune_false_twins_checks_itself():
 NOT_IN_FINETUNE_BLOCKS = {"tracker", "device", "grad_accum_steps"}
 
 
-def _finetune_block_answers(source: str, whole: bool = False) -> set[str]:
+def _block_answers(source: str, whole: bool = False, answer: str = "finetune") -> set[str]:
     """The answers that the finetune lines of a template read: inside `{% if finetune %}` (or the
-    `else` of `{% if not finetune %}`), or anywhere where the file itself is finetune's."""
+    `else` of `{% if not finetune %}`), or anywhere where the file itself is finetune's (or
+    another `answer`'s lines)."""
     from jinja2 import Environment, nodes
 
     found: set[str] = set()
@@ -315,7 +324,7 @@ def _finetune_block_answers(source: str, whole: bool = False) -> set[str]:
         if inside:
             found.update(names(node))
             return
-        if isinstance(node, nodes.If) and "finetune" in names(node.test):
+        if isinstance(node, nodes.If) and answer in names(node.test):
             negated = isinstance(node.test, nodes.Not)
             for child in node.else_ if negated else node.body:
                 walk(child, True)
@@ -330,18 +339,14 @@ def _finetune_block_answers(source: str, whole: bool = False) -> set[str]:
 
 
 def test_the_finetune_blocks_read_no_answer_a_finetune_primary_leaves_out():
-    assert _finetune_block_answers("{% if finetune %}{{ device }}{% endif %}{{ tracker }}") == {
-        "device"
-    }
-    assert (
-        _finetune_block_answers("{% if not finetune %}{{ tracker }}{% else %}x{% endif %}") == set()
-    )
-    assert _finetune_block_answers("{{ grad_accum_steps }}", whole=True) == {"grad_accum_steps"}
+    assert _block_answers("{% if finetune %}{{ device }}{% endif %}{{ tracker }}") == {"device"}
+    assert _block_answers("{% if not finetune %}{{ tracker }}{% else %}x{% endif %}") == set()
+    assert _block_answers("{{ grad_accum_steps }}", whole=True) == {"grad_accum_steps"}
 
     root = Path(__file__).resolve().parent.parent / "templates"
     for path in root.rglob("*.jinja"):
         whole = "finetune" in str(path.relative_to(root))
-        read = _finetune_block_answers(path.read_text(encoding="utf-8"), whole)
+        read = _block_answers(path.read_text(encoding="utf-8"), whole)
         assert not read & NOT_IN_FINETUNE_BLOCKS, (path, read & NOT_IN_FINETUNE_BLOCKS)
 
 
@@ -397,3 +402,94 @@ def test_the_finetune_false_branches_read_no_answer():
         counted += branches
         assert not read, (path, read)
     assert counted >= 20  # optim.py, train.py, resume_check.py, the checkpoints, the models...
+
+
+def test_a_streaming_combination_is_checked_by_its_streaming_primary():
+    """One streaming primary a task and distributed answer (tracker none, the CPU, fp32, no
+    compile, no finetune, no accumulation) runs check all on shards it prepared; a streaming
+    combination one answer away from it runs --help; the rest are rendered and linted. The
+    streaming-false half plans as it did without the streaming half."""
+    combos = matrix.combinations()
+    plans = matrix.plans(combos)
+    streaming = [(c, p) for c, p in zip(combos, plans, strict=True) if c["streaming"]]
+
+    assert len(combos) == 6720 and len(streaming) == 3360
+    assert collections.Counter(p.kind for _, p in streaming) == {
+        "all": 15,
+        "import": 140,
+        "lint": 3205,
+    }
+    home = {"tracker": "none", "device": "cpu", "precision": "fp32", "compile": False}
+    home.update({"finetune": False, "grad_accum_steps": 1})
+    primaries = [c for c, p in streaming if p.which == "all"]
+    assert all(c.items() >= home.items() for c in primaries)
+    assert len({(c["task"], c["distributed"]) for c in primaries}) == 15
+    for answers, plan in streaming:
+        if plan.which == "all":
+            assert (plan.primary, plan.then, plan.options) == (None, (), {})
+            continue
+        assert plan.primary == combination_id({**answers, **home})
+        differs = {k for k, v in home.items() if answers[k] != v}
+        assert plan.which == ("import" if len(differs) == 1 else "lint")
+        assert matrix.family(answers) == matrix.family({**answers, **home})
+
+    false = _streaming_false()
+    alone = [p.kind for p in matrix.plans(false)]
+    assert alone == [p.kind for c, p in zip(combos, plans, strict=True) if not c["streaming"]]
+
+
+def test_a_streaming_slice_without_its_streaming_primary_checks_itself():
+    """Without the streaming primary, nothing streams its task's shards: the streaming half
+    follows the rules of the other half within the slice (every check on shards it prepared)."""
+    for only in (["precision=bf16", "task=custom"], ["tracker=wandb", "task=image"]):
+        kinds = {}
+        for streaming in ("yes", "no"):
+            combos = matrix.select(matrix.combinations(), [*only, f"streaming={streaming}"])
+            kinds[streaming] = [p.kind for p in matrix.plans(combos)]
+        assert kinds["yes"] == kinds["no"] and "all" in kinds["yes"]
+
+
+def test_a_streaming_primary_prepares_shards_and_checks_on_them():
+    """Its `prepare` writes the task's data as shards (generation's the corpus, tokenized), and
+    every check of a streaming render reads them; a streaming-false render's are as before."""
+    from scaffold.matrix import runner
+
+    custom = {"task": "custom", "precision": "fp32", "streaming": True}
+    assert runner.prepare_arguments(custom) == [
+        "prepare", "--out", runner.SHARDS, "--shard-mb", "0.05", "--batch-size=8",
+        "--val-fraction=0.01",
+    ]  # fmt: skip
+    assert "--image-size=16" in runner.prepare_arguments({**custom, "task": "image"})
+    assert runner.check_sizes(custom)["data"] == runner.SHARDS
+    generation = {**custom, "task": "generation"}
+    assert runner.prepare_arguments(generation) == [
+        "prepare", "--data", "corpus.jsonl", "--out", runner.SHARDS, "--shard-mb", "0.05",
+        "--tokenizer", "char",
+    ]  # fmt: skip
+    assert runner.check_sizes(generation)["data"] == runner.SHARDS
+    assert runner.prepare_arguments({**custom, "streaming": False}) is None
+    assert "data" not in runner.check_sizes({**custom, "streaming": False})
+    assert runner.prepare_arguments({**generation, "streaming": False})[-4:-2] == [
+        "--out",
+        runner.PREPARED,
+    ]
+
+
+# The answers a streaming primary leaves out: its streaming blocks must read none of them, so
+# that the one primary of a task and distributed answer runs every streaming line they render.
+NOT_IN_STREAMING_BLOCKS = {
+    "tracker",
+    "device",
+    "precision",
+    "compile",
+    "finetune",
+    "grad_accum_steps",
+}
+
+
+def test_the_streaming_blocks_read_no_answer_a_streaming_primary_leaves_out():
+    root = Path(__file__).resolve().parent.parent / "templates"
+    for path in root.rglob("*.jinja"):
+        whole = "streaming" in str(path.relative_to(root))
+        read = _block_answers(path.read_text(encoding="utf-8"), whole, answer="streaming")
+        assert not read & NOT_IN_STREAMING_BLOCKS, (path, read & NOT_IN_STREAMING_BLOCKS)

@@ -28,7 +28,7 @@ from scaffold.check import check_command, ci_passed, project_package
 from scaffold.combinations import combination_id
 from scaffold.errors import ScaffoldError
 from scaffold.matrix import fork
-from scaffold.matrix.lint import lint_problems
+from scaffold.matrix.lint import lint_many
 from scaffold.matrix.twins import (
     CROSS_CHECK,
     LINT_ONLY,
@@ -79,6 +79,13 @@ TOKENIZER_BY_PRECISION = {"fp32": "char", "bf16": "bpe", "fp16": "byte"}
 CORPUS_WORDS = ("the", "a", "cat", "dog", "sees", "an", "old", "man", "my", "sister", "by", "sea")
 
 
+# Streaming combinations check on shards their own `prepare` wrote to a local folder (the
+# synthetic data, generation's corpus above), streamed as a URL's would be; small shards, so that
+# a check reads several of them and its shuffle spans windows of them.
+SHARDS = "data/matrix-shards"
+SHARD_MB = "0.05"
+
+
 def check_sizes(answers: dict[str, Any]) -> dict[str, Any]:
     """The config options a combination's check runs with."""
     sizes = {**CHECK_SIZES, **CHECK_SIZES_BY_TASK.get(str(answers.get("task")), {})}
@@ -86,16 +93,27 @@ def check_sizes(answers: dict[str, Any]) -> dict[str, Any]:
         sizes["data"] = PREPARED
         if int(answers.get("grad_accum_steps", 1)) > 1:
             sizes["documents"] = None  # the flag alone
+    if answers.get("streaming"):
+        sizes["data"] = SHARDS
     return sizes
 
 
 def prepare_arguments(answers: dict[str, Any]) -> list[str] | None:
-    """`prepare`'s arguments for a generation combination (None for the other tasks)."""
+    """`prepare`'s arguments for a generation or a streaming combination (None for the others):
+    generation's tokenizes the corpus, a streaming one's writes shards."""
+    streaming = ["--out", SHARDS, "--shard-mb", SHARD_MB] if answers.get("streaming") else []
     if answers.get("task") != "generation":
-        return None
+        if not streaming:
+            return None
+        # the data the check reads (the image size, the validation split) as the check's sizes
+        sizes = {k: v for k, v in check_sizes(answers).items() if k != "data"}
+        options = [
+            f"--{k.replace('_', '-')}" + ("" if v is None else f"={v}") for k, v in sizes.items()
+        ]
+        return ["prepare", *streaming, *options]
     tokenizer = TOKENIZER_BY_PRECISION.get(str(answers.get("precision")), "byte")
     vocabulary = ["--vocab-size", "512"] if tokenizer == "bpe" else []
-    where = ["--data", "corpus.jsonl", "--out", PREPARED]
+    where = ["--data", "corpus.jsonl", *(streaming or ["--out", PREPARED])]
     return ["prepare", *where, "--tokenizer", tokenizer, *vocabulary]
 
 
@@ -210,12 +228,15 @@ def run_matrix(
         initargs=(threads, forked, forked and any(c.get("compile") for c in combos)),
     ) as pool:
         order = schedule(combos, [job.plan for job in work])
-        futures = {pool.submit(_run_one, work[i]): i for i in order}
+        futures = {
+            pool.submit(_run_batch, [work[i] for i in batch]): batch
+            for batch in batches(order, [job.plan for job in work])
+        }
         try:
             for future in concurrent.futures.as_completed(futures):
-                outcome = future.result()
-                outcomes[futures[future]] = outcome
-                on_done(outcome, len(outcomes), len(work))
+                for i, outcome in zip(futures[future], future.result(), strict=True):
+                    outcomes[i] = outcome
+                    on_done(outcome, len(outcomes), len(work))
         except KeyboardInterrupt:
             for future in futures:
                 future.cancel()
@@ -262,24 +283,88 @@ def schedule(combos: Sequence[dict[str, Any]], checks: Sequence[Plan] | None = N
     return first + full + twins
 
 
+# Combinations that are linted only, or run their --help, go to a worker BATCH at a time: rendered
+# one by one, linted together (each ruff command started once for the batch, not twice a
+# combination), then run. The checks, seconds to minutes each, go one at a time, so that the
+# jobs finish together.
+BATCH = 32
+BATCHED = (LINT_ONLY, CROSS_CHECK)
+
+
+def batches(order: Sequence[int], checks: Sequence[Plan]) -> list[list[int]]:
+    """`order` (indexes into `checks`) cut into what each worker task runs: a combination that
+    runs a check alone, the lint-only and --help ones BATCH at a time, in order."""
+    result: list[list[int]] = []
+    batch: list[int] = []
+    for i in order:
+        if checks[i].which not in BATCHED:
+            result.append([i])
+            continue
+        batch.append(i)
+        if len(batch) == BATCH:
+            result.append(batch)
+            batch = []
+    return result + ([batch] if batch else [])
+
+
 def _run_one(job: Job) -> Outcome:
     """Render, lint and check one combination (in a worker process)."""
+    return _run_batch([job])[0]
+
+
+def _run_batch(jobs: Sequence[Job]) -> list[Outcome]:
+    """Render, lint and check each of `jobs` (in a worker process), in order: rendered one by one,
+    linted together (scaffold.matrix.lint.lint_many: each ruff command started once for all),
+    then checked one by one."""
     from scaffold.render import new_project  # copier and torch load once per worker
 
-    seconds: dict[str, float] = {}
-    project = job.folder / LONGEST_NAME
-    shutil.rmtree(job.folder, ignore_errors=True)
+    outcomes: list[Outcome | None] = []
+    seconds: list[dict[str, float]] = []
+    for job in jobs:
+        shutil.rmtree(job.folder, ignore_errors=True)
+        seconds.append({})
+        start = time.perf_counter()
+        try:
+            with contextlib.redirect_stdout(sys.stderr):
+                new_project(_project(job), job.answers, git=False, template=job.template)
+            outcomes.append(None)
+        except ScaffoldError as err:
+            outcomes.append(_failed(job, seconds[-1], "render", str(err)))
+        seconds[-1]["render"] = time.perf_counter() - start
 
-    def fail(step: str, output: str) -> Outcome:
-        return Outcome(
-            answers=job.answers,
-            passed=False,
-            step=step,
-            seconds=seconds,
-            output=output,
-            plan=job.plan,
-            project=project,
-        )
+    rendered = [i for i, outcome in enumerate(outcomes) if outcome is None]
+    start = time.perf_counter()
+    problems = lint_many([(_project(jobs[i]), jobs[i].answers) for i in rendered])
+    share = (time.perf_counter() - start) / max(1, len(rendered))  # the batch's lint, shared out
+    for i, found in zip(rendered, problems, strict=True):
+        seconds[i]["lint"] = share
+        if found:
+            outcomes[i] = _failed(jobs[i], seconds[i], "lint", "\n".join(found))
+        else:
+            outcomes[i] = _check(jobs[i], seconds[i])
+    return [outcome for outcome in outcomes if outcome is not None]
+
+
+def _project(job: Job) -> Path:
+    return job.folder / LONGEST_NAME
+
+
+def _failed(job: Job, seconds: dict[str, float], step: str, output: str) -> Outcome:
+    """A combination that failed at `step`: its project is kept."""
+    return Outcome(
+        answers=job.answers,
+        passed=False,
+        step=step,
+        seconds=seconds,
+        output=output,
+        plan=job.plan,
+        project=_project(job),
+    )
+
+
+def _check(job: Job, seconds: dict[str, float]) -> Outcome:
+    """Run a rendered, lint-clean combination's plan: its prepare and checks, or none."""
+    project = _project(job)
 
     def passed(notes: list[str]) -> Outcome:
         if not job.keep:
@@ -294,21 +379,6 @@ def _run_one(job: Job) -> Outcome:
             notes=notes,
         )
 
-    start = time.perf_counter()
-    try:
-        with contextlib.redirect_stdout(sys.stderr):
-            new_project(project, job.answers, git=False, template=job.template)
-    except ScaffoldError as err:
-        seconds["render"] = time.perf_counter() - start
-        return fail("render", str(err))
-    seconds["render"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    problems = lint_problems(project, job.answers)
-    seconds["lint"] = time.perf_counter() - start
-    if problems:
-        return fail("lint", "\n".join(problems))
-
     if job.plan.which == LINT_ONLY:  # every line of it runs elsewhere (scaffold.matrix.twins)
         return passed(notes=[])
 
@@ -318,12 +388,13 @@ def _run_one(job: Job) -> Outcome:
     prepare = None if cross else prepare_arguments(job.answers)
     if prepare:
         start = time.perf_counter()
-        write_corpus(project / "corpus.jsonl")
+        if job.answers.get("task") == "generation":
+            write_corpus(project / "corpus.jsonl")
         command = [sys.executable, "-m", project_package(project), *prepare]
         returncode, output = run(project, job, command, "prepare.log", ranks=1)
         seconds["prepare"] = time.perf_counter() - start
         if returncode != 0:
-            return fail("prepare", output)
+            return _failed(job, seconds, "prepare", output)
 
     start = time.perf_counter()
     distributed = job.answers.get("distributed", "none") != "none"
@@ -336,7 +407,7 @@ def _run_one(job: Job) -> Outcome:
         seconds["check"] = time.perf_counter() - start
         ok, said = ci_passed(returncode, output)  # a loader close call passes, reported
         if not ok:
-            return fail("check", output)
+            return _failed(job, seconds, "check", output)
         notes += said
     return passed(notes)
 

@@ -63,7 +63,8 @@ device and accumulation runs its `--help`: its modules, where a tracker's (or th
 the accumulation's) blocks meet the finetune blocks, load together and build the config's
 options (a clash there is not a lint finding: a dataclass field twice, an option twice). One that
 differs in two or three only renders and lints: each pair of its blocks meets in one of those or
-in its finetune-false twin's plan. Counted on the 3,360: 90 finetune primaries, 480 `--help`,
+in its finetune-false twin's plan. Counted on the 3,360 streaming-false combinations (the
+streaming ones: below): 90 finetune primaries, 480 `--help`,
 1,110 lint only; the finetune-false half's plans are the 1,680's, but for the finetune-false
 primaries below. A family (what a shard keeps together) therefore spans the accumulation and
 finetune too: 90 families of 32 or 48.
@@ -105,12 +106,34 @@ loss, the optimizer step and the loader, which in (a)'s tasks the two renders sh
 (b)'s resume check runs the rest of the false render, its tracker's lines too; with compile, the
 finetune primary's `check all` runs the compiled graphs of the model both renders share. So each
 such family runs one resume check fewer (the false primary's; the finetune primary's check all
-includes its own). Counted on the 3,360: 36 families (classification, regression and custom; none
-and ddp; the 3 precisions; compile or not): 144 `check all` in the false half (of 180), and 36
-finetune primaries run `check all` then the train and init, 54 `check resume` then them.
+includes its own). Counted on the 3,360 streaming-false combinations: 36 families
+(classification, regression and custom; none and ddp; the 3 precisions; compile or not): 144
+`check all` in the false half (of 180), and 36 finetune primaries run `check all` then the train
+and init, 54 `check resume` then them.
 
 Where a finetune combination's primary or its finetune-false twin is not in the run, the finetune
 half follows the rules above by itself, each `check all` followed by the train and `check init`.
+
+The `streaming` answer doubles the matrix again (3,360 to 6,720). A streaming render is its
+streaming-false twin's lines and the streaming blocks (`prepare` writing shards, `train --data`
+streaming them through a bounded cache, their order, the fetch and its retries), which read the
+task and the distributed answer, never the tracker, the device, the precision, compile, finetune
+or the accumulation (tests/test_twins.py reads every template's streaming blocks for it). So one
+*streaming primary* a task and distributed answer (STREAMING_PRIMARY: tracker none, the checking
+device, fp32, no compile, no finetune, accumulation 1, the cheapest steps) runs them: its
+`prepare` writes the task's data (the synthetic data; generation's the runner's corpus) as small
+shards to a local folder, then `check all --data` that folder streams them (scaffold.matrix.runner:
+SHARDS). A streaming combination one answer away from it runs its `--help`: that answer's blocks
+and the streaming blocks, where they meet in one module, load together and build the config's
+options. The rest are rendered and linted only: each pair of their blocks meets in one of those
+or in their streaming-false twin, whose plan is the one above, unchanged by the streaming half.
+Counted on the 3,360 streaming combinations: 15 streaming primaries, 140 `--help`, 3,205 lint
+only. A streaming family is a task and a distributed answer (192 or 288 combinations), so a shard
+holds each of its streaming combinations' primary. Where the streaming primary is not in the run
+(a `--only` slice without it), the streaming half follows the rules above within itself, each
+check on shards the combination prepared. A run of the streaming half alone (`--only
+streaming=yes`) runs its primaries and `--help`s but lints the rest only: their other lines are
+their streaming-false twins', not in that run.
 """
 
 from __future__ import annotations
@@ -218,7 +241,10 @@ FAMILY_LEAVES_OUT = (*FINETUNE_ANSWERS, "finetune")
 def family(answers: dict[str, Any]) -> str:
     """The answers twins share with their primary: one family is checked together (a shard holds
     whole families, so each twin's primary runs beside it, and each finetune combination its
-    finetune primary and its finetune-false twin)."""
+    finetune primary and its finetune-false twin; each streaming combination its streaming
+    primary: a streaming family is a task and a distributed answer)."""
+    if answers.get("streaming"):
+        return combination_id({k: v for k, v in answers.items() if k in STREAMING_FAMILY})
     return combination_id({k: v for k, v in answers.items() if k not in FAMILY_LEAVES_OUT})
 
 
@@ -234,7 +260,8 @@ def plans(
     for answers in combos:
         plan = None
         if not full:
-            plan = _finetune_plan(answers, present, resumed, native_device=native_device)
+            plan = _streaming_plan(answers, present, native_device=native_device)
+            plan = plan or _finetune_plan(answers, present, resumed, native_device=native_device)
         result.append(plan or _plan(answers, present, native_device=native_device, full=full))
     return result
 
@@ -321,6 +348,47 @@ def _finetune_plan(
             then_options=_init_from(answers) if then else {},
         )
     differs = [k for k in FINETUNE_ANSWERS if answers.get(k) != primary_answers.get(k)]
+    which = CROSS_CHECK if len(differs) == 1 else LINT_ONLY
+    return Plan(which=which, options={}, primary=primary)
+
+
+# A streaming combination's primary: one a task and distributed answer, with the cheapest of the
+# other answers (tracker none, the checking device, fp32, no compile, no finetune, no
+# accumulation). It writes its data as shards (`prepare --out`, scaffold.matrix.runner) and runs
+# `check all` streaming them; see the module's note.
+STREAMING_PRIMARY = {
+    "tracker": PRIMARY_TRACKER,
+    "precision": "fp32",
+    "compile": False,
+    "finetune": False,
+    "grad_accum_steps": 1,
+}
+STREAMING_FAMILY = ("task", "distributed", "streaming")
+
+
+def streaming_primary_of(answers: dict[str, Any], *, native_device: bool) -> dict[str, Any]:
+    """The streaming combination whose checks stream the data of `answers`' task and distributed
+    answer (see STREAMING_PRIMARY; the device as in primary_of)."""
+    primary = primary_of(answers, native_device=native_device)
+    primary.update({k: v for k, v in STREAMING_PRIMARY.items() if k in primary})
+    return primary
+
+
+def _streaming_plan(
+    answers: dict[str, Any], present: set[str], *, native_device: bool
+) -> Plan | None:
+    """A streaming combination's plan where its streaming primary is in the run (else None: the
+    other rules, within the streaming half): the primary's `check all` on shards it prepared;
+    --help one answer away from it; lint only for the rest."""
+    if not answers.get("streaming"):
+        return None
+    primary_answers = streaming_primary_of(answers, native_device=native_device)
+    primary = combination_id(primary_answers)
+    if primary not in present:
+        return None
+    if primary == combination_id(answers):
+        return Plan(which="all", options={})
+    differs = [k for k in answers if answers[k] != primary_answers[k]]
     which = CROSS_CHECK if len(differs) == 1 else LINT_ONLY
     return Plan(which=which, options={}, primary=primary)
 
