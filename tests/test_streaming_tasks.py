@@ -250,6 +250,10 @@ def test_image_files_are_sharded_byte_for_byte_and_validate_as_read_from_disk(pr
     originals = [path.read_bytes() for path in folder.rglob("*.*")]
     assert sorted(stored) == sorted(originals)  # each file's bytes, never re-encoded
     assert same_splits(project, shards, folder, None, splits=("val", "train"))
+    again = run(project, "prepare", "--data", shards, "--out", tmp_path / "again")
+    assert again.returncode == 2 and again.stderr.splitlines() == [
+        f"error: {shards}: shards already: `train --data {shards}` streams them"
+    ]
 
 
 @pytest.mark.parametrize("task", ["classification", "regression"])
