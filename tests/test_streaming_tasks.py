@@ -300,6 +300,11 @@ def test_a_csv_with_text_columns_is_sharded_as_read_and_validates_as_the_csv_doe
         map(str, rows.to_pylist())
     )
     assert same_splits(project, shards, data, label, splits=("val", "train"))
+    other = "size"  # another column: the shards were encoded for `label`
+    refused = run(project, "inspect-data", "--data", shards, "--label", other)
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        f"error: {shards}: shards of the label {label!r}, not --label {other}"
+    ]
 
 
 @pytest.mark.parametrize("task", TASKS)
