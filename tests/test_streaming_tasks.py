@@ -250,6 +250,10 @@ def test_image_files_are_sharded_byte_for_byte_and_validate_as_read_from_disk(pr
     originals = [path.read_bytes() for path in folder.rglob("*.*")]
     assert sorted(stored) == sorted(originals)  # each file's bytes, never re-encoded
     assert same_splits(project, shards, folder, None, splits=("val", "train"))
+    again = run(project, "prepare", "--data", shards, "--out", tmp_path / "again")
+    assert again.returncode == 2 and again.stderr.splitlines() == [
+        f"error: {shards}: shards already: `train --data {shards}` streams them"
+    ]
 
 
 @pytest.mark.parametrize("task", ["classification", "regression"])
@@ -296,6 +300,11 @@ def test_a_csv_with_text_columns_is_sharded_as_read_and_validates_as_the_csv_doe
         map(str, rows.to_pylist())
     )
     assert same_splits(project, shards, data, label, splits=("val", "train"))
+    other = "size"  # another column: the shards were encoded for `label`
+    refused = run(project, "inspect-data", "--data", shards, "--label", other)
+    assert refused.returncode == 2 and refused.stderr.splitlines() == [
+        f"error: {shards}: shards of the label {label!r}, not --label {other}"
+    ]
 
 
 @pytest.mark.parametrize("task", TASKS)

@@ -53,11 +53,21 @@ IN_FLIGHT = 2  # batches read besides those the loader's workers hold, before a 
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-class ShardError(ConfigError):
-    """A missing index or shard, a damaged shard, a store given up on: one line, exit 2."""
+class WorkerSafe:
+    """An error raised in a loader worker reaches the main process with the worker's traceback in
+    its message: only its own last line is kept, so that it is still one line."""
+
+    def __init__(self, message: str) -> None:
+        if message.startswith(f"Caught {type(self).__name__}"):
+            message = message.rstrip().splitlines()[-1].split(": ", 1)[-1]
+        super().__init__(message)
 
 
-class StoreAway(StoreError):
+class ShardError(WorkerSafe, ConfigError):
+    """A missing index or shard, or a damaged one: one line, exit 2."""
+
+
+class StoreAway(WorkerSafe, StoreError):
     """The store stayed unreachable past --fetch-retry-minutes: one line, exit 1."""
 
 
@@ -168,9 +178,9 @@ class ShardWriter:
         return f"wrote {' and '.join(said)} to {self.dest}"
 
 
-def url_to_fs(url: str):
+def url_to_fs(url: str, **options):
     with reaching(url):
-        return fsspec.core.url_to_fs(url)
+        return fsspec.core.url_to_fs(url, **options)
 
 
 @contextlib.contextmanager
@@ -232,27 +242,30 @@ class Shards:
         self.folder = cache_dir(self.source, "shards") if self.remote else Path(self.source)
         self.entries = {e["name"]: e for s in index["splits"].values() for e in s} | index["files"]
         self.retry_s = cfg.fetch_retry_minutes * 60
-        self.lock = threading.Lock()  # one fetch at a time in a process: the prefetch or a read
         self.peak = 0  # the most bytes the cache held, measured after each fetch
         self.fetching = 0.0  # seconds this process spent fetching (the loader check compares it)
-        self._store = None  # (filesystem, root) of a URL
-        self.refused: dict[str, ShardError] = {}  # damaged shards: fetched twice already
+        self.pid = None  # the process whose lock and store connection these are (see here())
         if self.remote:
             self.folder.mkdir(parents=True, exist_ok=True)
             for part in self.folder.glob(".*.download"):  # .NAME.PID-THREAD.download: a killed fetch's
                 if not _alive(int(part.name.rsplit(".", 2)[1].split("-")[0])):
                     part.unlink(missing_ok=True)
+            for refused in self.folder.glob(".*.refused"):  # an earlier run's: the store may hold it mended
+                refused.unlink(missing_ok=True)
+        self.here()
 
-    def __getstate__(self) -> dict:  # for loader workers: a lock does not pickle
-        return self.__dict__ | {"lock": None, "_store": None}
+    def __getstate__(self) -> dict:  # for spawned loader workers: a lock does not pickle
+        return self.__dict__ | {"pid": None, "lock": None, "store": None}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__ = state | {"lock": threading.Lock()}
+    def here(self) -> None:
+        """A lock (one fetch at a time: the prefetch's or a read's) and a store connection of this
+        process's own: a forked loader worker inherits its parent's, maybe held, not fork-safe."""
+        if self.pid != os.getpid():
+            self.pid, self.lock = os.getpid(), threading.Lock()
+            self.store = url_to_fs(self.source, skip_instance_cache=True) if self.remote else None
 
     def get(self, name: str, local: Path) -> None:
-        if self._store is None:  # made in the process that fetches
-            self._store = url_to_fs(self.source)
-        fs, root = self._store
+        fs, root = self.store
         fs.get_file(f"{root}/{name}", str(local))
 
     def cached_bytes(self) -> int:
@@ -262,9 +275,10 @@ class Shards:
         """The local file of shard `name`, fetched first if a URL's and not in the cache."""
         path = self.folder / name
         if self.remote and not path.exists():
+            self.here()
             with self.lock:
-                if name in self.refused:
-                    raise self.refused[name]
+                if (refused := self.folder / f".{name}.refused").exists():  # by this run, in any process
+                    raise ShardError(refused.read_text())
                 if not path.exists():  # fetched by the prefetch meanwhile
                     self.fetch(name)
         return path
@@ -286,8 +300,9 @@ class Shards:
             if attempt == 1:
                 print(f"warning: {url} does not match its digest: fetching it again", file=sys.stderr)
         digests = f"its SHA-256 is {found[:12]}..., the index says {entry['sha256'][:12]}..."
-        self.refused[name] = ShardError(f"{url} is damaged (fetched twice): {digests}")
-        raise self.refused[name]
+        refused = f"{url} is damaged (fetched twice): {digests}"
+        (self.folder / f".{name}.refused").write_text(refused)
+        raise ShardError(refused)
 
     def retried(self, url: str, action) -> None:
         """`action`, retried while the store is away (1 s apart, doubling to 30 s), --fetch-retry-minutes."""
