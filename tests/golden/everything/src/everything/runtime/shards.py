@@ -3,11 +3,14 @@
     python -m everything prepare --data SOURCE --out s3://bucket/data  # or a folder
     python -m everything train --data s3://bucket/data --cache-size 20GB
 
-The folder (or URL prefix) holds index.json, naming each shard with its size, example count and
-SHA-256, and the shards beside it (README.md, "Streamed data"). A folder is read in place. A URL's
-shards are fetched into $XDG_CACHE_HOME/everything/shards/, verified, a window of shards ahead of
-need by a thread of the main process, and deleted once every batch that reads them is read: the
-disk holds --cache-size at most, so a data set larger than the disk trains.
+The folder (or URL prefix) holds the shards and index.json, written last (JSON, readable without
+the project): {"format": "scaffold-shards", "version": 1, "task", "meta" (what the task's reader
+needs), "files" (extra files by name: {"bytes", "sha256"}), "splits": {"train": [...], "val": [...]}},
+each shard {"name", "bytes", "examples", "sha256"}. A folder is read in place. A URL's shards are
+fetched into $XDG_CACHE_HOME/everything/shards/, verified, a window of shards ahead of need
+by a thread of the main process, and deleted once every batch that reads them is read: the disk
+holds --cache-size at most, so a data set larger than the disk trains. A missing index or shard,
+or one fetched twice and damaged both times, is one line and exit 2.
 
 The order of an epoch is keyed by (seed, epoch) alone: the shards shuffled, cut into windows of
 --shuffle-window shards, the examples of each window shuffled. Global batch b is positions
@@ -17,6 +20,8 @@ number of processes sees the global batches of one that never stopped.
 A store that goes away is retried (1 s doubling to 30 s) for --fetch-retry-minutes while training
 goes on with what is cached; then the run stops at the end of its step with a checkpoint, as a
 stop signal (SIGUSR1, exit 138) stops it, and the same command resumes it once the store is back.
+A read that cannot wait for the prefetch (the cache ran dry) fetches the shard itself, retried as
+long; given up, it ends the run in one line (exit 1): the last checkpoint stands.
 """
 
 import contextlib
@@ -40,21 +45,30 @@ from torch.utils.data import Dataset
 from ..config import Config, ConfigError
 from .loader import Shuffle
 from .stopping import request_stop
-from .store import cache_dir, is_url
+from .store import StoreError, cache_dir, is_url
 
 FORMAT, VERSION = "scaffold-shards", 1
 INDEX = "index.json"
-OPEN_SHARDS = 16  # shards a process keeps open (read into memory): a window's and the next's, at 8
 IN_FLIGHT = 2  # batches read besides those the loader's workers hold, before a shard may be evicted
 UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 
 
-class ShardError(ConfigError):
-    """A missing index or shard, a damaged shard, a store given up on: one line, exit 2."""
+class WorkerSafe:
+    """An error raised in a loader worker reaches the main process with the worker's traceback in
+    its message: only its own last line is kept, so that it is still one line."""
+
+    def __init__(self, message: str) -> None:
+        if message.startswith(f"Caught {type(self).__name__}"):
+            message = message.rstrip().splitlines()[-1].split(": ", 1)[-1]
+        super().__init__(message)
 
 
-class StoreAway(ShardError):
-    """The store stayed unreachable past --fetch-retry-minutes."""
+class ShardError(WorkerSafe, ConfigError):
+    """A missing index or shard, or a damaged one: one line, exit 2."""
+
+
+class StoreAway(WorkerSafe, StoreError):
+    """The store stayed unreachable past --fetch-retry-minutes: one line, exit 1."""
 
 
 class ShardReader(Protocol):
@@ -164,20 +178,20 @@ class ShardWriter:
         return f"wrote {' and '.join(said)} to {self.dest}"
 
 
-def url_to_fs(url: str):
+def url_to_fs(url: str, **options):
     with reaching(url):
-        return fsspec.core.url_to_fs(url)
+        return fsspec.core.url_to_fs(url, **options)
 
 
 @contextlib.contextmanager
 def reaching(url: str):
-    """A store library's failure (each raises its own types) as a ShardError naming `url`."""
+    """A store library's failure (each raises its own types) as a StoreError naming `url`."""
     try:
         yield
-    except (ShardError, FileNotFoundError):
+    except (ShardError, StoreError, FileNotFoundError):
         raise
     except Exception as error:
-        raise ShardError(f"cannot reach {url}: {_reason(error)}") from None
+        raise StoreError(f"cannot reach {url}: {_reason(error)}") from None
 
 
 def _reason(error: Exception) -> str:
@@ -228,23 +242,30 @@ class Shards:
         self.folder = cache_dir(self.source, "shards") if self.remote else Path(self.source)
         self.entries = {e["name"]: e for s in index["splits"].values() for e in s} | index["files"]
         self.retry_s = cfg.fetch_retry_minutes * 60
-        self.lock = threading.Lock()  # one fetch at a time in a process: the prefetch or a read
         self.peak = 0  # the most bytes the cache held, measured after each fetch
-        self._store = None  # (filesystem, root) of a URL
-        self.refused: dict[str, ShardError] = {}  # damaged shards: fetched twice already
+        self.fetching = 0.0  # seconds this process spent fetching (the loader check compares it)
+        self.pid = None  # the process whose lock and store connection these are (see here())
         if self.remote:
             self.folder.mkdir(parents=True, exist_ok=True)
+            for part in self.folder.glob(".*.download"):  # .NAME.PID-THREAD.download: a killed fetch's
+                if not _alive(int(part.name.rsplit(".", 2)[1].split("-")[0])):
+                    part.unlink(missing_ok=True)
+            for refused in self.folder.glob(".*.refused"):  # an earlier run's: the store may hold it mended
+                refused.unlink(missing_ok=True)
+        self.here()
 
-    def __getstate__(self) -> dict:  # for loader workers: a lock does not pickle
-        return self.__dict__ | {"lock": None, "_store": None}
+    def __getstate__(self) -> dict:  # for spawned loader workers: a lock does not pickle
+        return self.__dict__ | {"pid": None, "lock": None, "store": None}
 
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__ = state | {"lock": threading.Lock()}
+    def here(self) -> None:
+        """A lock (one fetch at a time: the prefetch's or a read's) and a store connection of this
+        process's own: a forked loader worker inherits its parent's, maybe held, not fork-safe."""
+        if self.pid != os.getpid():
+            self.pid, self.lock = os.getpid(), threading.Lock()
+            self.store = url_to_fs(self.source, skip_instance_cache=True) if self.remote else None
 
     def get(self, name: str, local: Path) -> None:
-        if self._store is None:  # made in the process that fetches
-            self._store = url_to_fs(self.source)
-        fs, root = self._store
+        fs, root = self.store
         fs.get_file(f"{root}/{name}", str(local))
 
     def cached_bytes(self) -> int:
@@ -253,10 +274,11 @@ class Shards:
     def path(self, name: str) -> Path:
         """The local file of shard `name`, fetched first if a URL's and not in the cache."""
         path = self.folder / name
-        if name in self.refused:
-            raise self.refused[name]
         if self.remote and not path.exists():
+            self.here()
             with self.lock:
+                if (refused := self.folder / f".{name}.refused").exists():  # by this run, in any process
+                    raise ShardError(refused.read_text())
                 if not path.exists():  # fetched by the prefetch meanwhile
                     self.fetch(name)
         return path
@@ -264,20 +286,23 @@ class Shards:
     def fetch(self, name: str) -> None:
         """Fetches `name` into the cache, its digest checked: a mismatch is fetched again once."""
         entry, url = self.entries[name], f"{self.source}/{name}"
-        part = self.folder / f".{name}.download{os.getpid()}"
+        part = self.folder / f".{name}.{os.getpid()}-{threading.get_ident()}.download"
         for attempt in (1, 2):
+            started = time.perf_counter()
             self.retried(url, lambda: self.get(name, part))
+            self.fetching += time.perf_counter() - started
             found = file_sha256(part)
             if found == entry["sha256"]:
+                self.peak = max(self.peak, self.cached_bytes())  # the download counted
                 os.replace(part, self.folder / name)
-                self.peak = max(self.peak, self.cached_bytes())
                 return
             part.unlink()
             if attempt == 1:
                 print(f"warning: {url} does not match its digest: fetching it again", file=sys.stderr)
         digests = f"its SHA-256 is {found[:12]}..., the index says {entry['sha256'][:12]}..."
-        self.refused[name] = ShardError(f"{url} is damaged (fetched twice): {digests}")
-        raise self.refused[name]
+        refused = f"{url} is damaged (fetched twice): {digests}"
+        (self.folder / f".{name}.refused").write_text(refused)
+        raise ShardError(refused)
 
     def retried(self, url: str, action) -> None:
         """`action`, retried while the store is away (1 s apart, doubling to 30 s), --fetch-retry-minutes."""
@@ -291,7 +316,7 @@ class Shards:
                 return
             except FileNotFoundError:
                 raise ShardError(f"{url} is missing: the index names it (prepare the data again)") from None
-            except ShardError as error:
+            except StoreError as error:
                 if away is None:
                     away = time.monotonic()
                     print(f"warning: {error}; retrying for {self.retry_s:.0f} s", file=sys.stderr)
@@ -299,6 +324,16 @@ class Shards:
                     raise StoreAway(f"{error}; retried for {time.monotonic() - away:.0f} s") from None
                 time.sleep(wait)
                 wait = min(2 * wait, 30)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # no signal: asks whether it exists
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's
+    return True
 
 
 class Order:
@@ -348,9 +383,16 @@ class ShardedSplit(Dataset):
 
     epoch = 0  # the loader sets it before each batch
 
-    def __init__(self, shards: Shards, entries: list[dict], reader: ShardReader, window: int) -> None:
+    def __init__(
+        self, shards: Shards, entries: list[dict], reader: ShardReader, window: int, limit: int = 0
+    ) -> None:
+        counts = np.array([reader.count(entry) for entry in entries], dtype=np.int64)
+        if 0 < limit < counts.sum():  # --max-train-examples: the first shards holding that many, the last cut
+            kept = int(np.searchsorted(np.cumsum(counts), limit)) + 1
+            entries, counts = entries[:kept], counts[:kept]
+            counts[-1] -= counts.sum() - limit
         self.shards, self.entries, self.reader, self.window = shards, entries, reader, window
-        self.counts = np.array([reader.count(entry) for entry in entries], dtype=np.int64)
+        self.counts = counts
         self.firsts = np.concatenate([[0], np.cumsum(self.counts)])  # each shard's first example id
         self.open: OrderedDict[int, Dataset] = OrderedDict()
         self.prefetch: Prefetch | None = None  # the training split's, in the main process
@@ -368,7 +410,7 @@ class ShardedSplit(Dataset):
         """Shard `shard` as the reader's dataset, opened (and fetched) if not open in this process."""
         if shard not in self.open:
             self.open[shard] = self.reader.open(self.shards.path(self.entries[shard]["name"]))
-            if len(self.open) > OPEN_SHARDS:
+            if len(self.open) > self.window + 1:  # the window read, and the next's first shard
                 self.open.popitem(last=False)
         self.open.move_to_end(shard)
         return self.open[shard]
@@ -410,6 +452,7 @@ class Prefetch:
         self.keep = keep  # the validation shards and the extra files: read again and again
         self.recent = deque(maxlen=in_flight + IN_FLIGHT)  # (order, position) of the batches sampled last
         self.wake = threading.Event()
+        self.wake.set()  # the kept files first, at the start: validation must not wait for the store
         threading.Thread(target=self._run, daemon=True, name="prefetch").start()
 
     def sampled(self, order: Order, position: int) -> None:
@@ -433,10 +476,10 @@ class Prefetch:
                 self.wake.wait()
                 self.wake.clear()
                 wanted = self.wanted()
-                for path in self.shards.folder.iterdir():
+                for path in self.shards.folder.iterdir() if wanted else ():  # none before training
                     if path.name not in {*wanted, *self.keep} and not path.name.startswith("."):
                         path.unlink(missing_ok=True)  # every batch that reads it is read
-                for name in wanted:
+                for name in [*sorted(self.keep), *wanted]:
                     if (self.shards.folder / name).exists():
                         continue
                     if self.shards.cached_bytes() + self.shards.entries[name]["bytes"] > self.limit:
@@ -448,22 +491,21 @@ class Prefetch:
                         break  # the sampler moved on: what is wanted now
         except StoreAway as error:  # the loop stops at the end of its step, with a checkpoint
             request_stop(f"an unreachable data store ({error})")
-        except ShardError:
+        except (ShardError, StoreError):
             pass  # a missing or damaged shard: the read that needs it says so
 
 
 def streamed_splits(cfg: Config, index: dict, reader_for) -> tuple[ShardedSplit, ShardedSplit]:
     """The training and validation splits of the shards at cfg.data; reader_for(split) -> ShardReader."""
-    if cfg.max_train_examples:
-        raise ConfigError("--max-train-examples does not apply to streamed data: prepare fewer examples")
     shards = Shards(cfg.data, index, cfg)
-    train, val = (
-        ShardedSplit(shards, index["splits"][name], reader_for(name), cfg.shuffle_window)
-        for name in ("train", "val")
+    splits = index["splits"]
+    train = ShardedSplit(
+        shards, splits["train"], reader_for("train"), cfg.shuffle_window, cfg.max_train_examples
     )
+    val = ShardedSplit(shards, splits["val"], reader_for("val"), cfg.shuffle_window)
     if shards.remote:
         limit = cache_bytes(cfg.cache_size)
-        largest = max(entry["bytes"] for entry in index["splits"]["train"])
+        largest = max(entry["bytes"] for entry in train.entries)
         needs = 2 * cfg.shuffle_window * largest + sum(entry["bytes"] for entry in val.entries)
         if needs > limit:
             raise ConfigError(

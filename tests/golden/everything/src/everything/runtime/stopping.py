@@ -56,9 +56,11 @@ _reasons: dict[int, str] = {}  # why the run asked itself to stop, by signal
 
 
 def request_stop(reason: str, signum: int = signal.SIGUSR1) -> None:
-    """Stops the run as a stop signal does, from any thread (the prefetch's); `reason` says why."""
-    _reasons[signum] = reason
-    os.kill(os.getpid(), signum)
+    """Stops the run as a stop signal does, from any thread (the prefetch's); `reason` says why.
+    Nothing where no run handles the signal (a check, inspect-data): its default would kill."""
+    if callable(signal.getsignal(signum)):
+        _reasons[signum] = reason
+        os.kill(os.getpid(), signum)
 
 
 def stop_reason(signum: signal.Signals) -> str:

@@ -252,7 +252,12 @@ def check_loader(cfg: Config) -> CheckResult:
         rates = ", ".join(f"{n}: {rate:,.0f}" for n, rate in timing.by_workers.items())
         fastest = max(timing.by_workers, key=timing.by_workers.get)
         detail += f"; loader alone by --num-workers, samples/s: {rates} (fastest {fastest})"
-    if not passed:
+    if not passed and timing.fetch_share > 0.5:
+        detail += (
+            f": the data store is the bottleneck: shards were being fetched {timing.fetch_share:.0%} of the"
+            " loader's time; train nearer the store, or from a local shard folder (prepare --out DIR)"
+        )
+    elif not passed:
         detail += ": loading is the bottleneck; raise --num-workers or move work out of the main process"
     elif timing.wait_share > LOADER_WARN_SHARE:
         detail += f": warning, over {LOADER_WARN_SHARE:.0%}; try more --num-workers"

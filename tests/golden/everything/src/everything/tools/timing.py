@@ -36,6 +36,7 @@ class LoaderTiming:
     wait_share: float  # share of that time spent waiting for the next batch
     by_workers: dict[int, float]  # the loader alone, samples/s for each --num-workers tried
     gpu_util: str  # the GPU's mean utilisation over that window, or n/a where none is read
+    fetch_share: float  # of the loader alone's time, shards were being fetched from the data store
 
 
 def training_batches(cfg: Config):
@@ -48,11 +49,14 @@ def training_batches(cfg: Config):
 
 def time_loader(cfg: Config) -> LoaderTiming:
     device, splits, batches = training_batches(cfg)
+    shards = getattr(splits.train, "shards", None)  # streamed data: its fetches are timed
+    fetched, started = shards.fetching if shards else 0.0, time.perf_counter()
     with closing(_phase(10 + LOADER_BATCHES, "batch", "the loader alone")) as ticks:
         for _ in itertools.islice(ticks, 10):  # start the workers and fill their queues
             next(batches)
         rounds = (time_steps(next, batches, device, LOADER_BATCHES // ROUNDS, ticks) for _ in range(ROUNDS))
-        load_per_batch = min(rounds)
+        load_per_batch = sum(rounds) / ROUNDS  # the mean: streamed shards wait for the store at times
+    fetch_share = ((shards.fetching if shards else 0.0) - fetched) / (time.perf_counter() - started)
     by_workers = samples_per_s_by_workers(splits, cfg, device)
 
     step = partial(train_step, Engine(cfg, splits, device), cfg=cfg, device=device)
@@ -73,6 +77,7 @@ def time_loader(cfg: Config) -> LoaderTiming:
         wait_share=waits.data / (window * WINDOW_STEPS),
         by_workers=by_workers,
         gpu_util=gpu_util,
+        fetch_share=fetch_share,
     )
 
 
