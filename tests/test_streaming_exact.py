@@ -126,7 +126,7 @@ def _chain(project, data: str) -> tuple[list, list]:
     assert len(warnings) == 1 and (
         f"warning: {run_dir} was trained by 1 processes, resumed by 4: " in warnings[0]
         and "the global batch stays the run's, 4 x 1 micro-batches of 64 a step, and so do its"
-        " examples; ranks 1+ start fresh random streams"
+        " examples and dropout masks"
         in warnings[0]
     ), warnings
     assert batches == _global_batches(project, f"ids-{data}", 2, 0)  # every step's examples
