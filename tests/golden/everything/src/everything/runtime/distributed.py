@@ -516,9 +516,8 @@ def resharding(saved_world: int, world_size: int, cfg: Config) -> str | None:
     return (
         f"{cfg.run_dir} was trained by {saved_world} processes, resumed by {world_size}: the model and"
         f" optimizer are resharded exactly; the global batch stays the run's, {world_size} x"
-        f" {cfg.grad_accum_steps} micro-batches of {cfg.batch_size} a step, and so do its examples"
-        + (f"; ranks {saved_world}+ start fresh random streams" if world_size > saved_world else "")
-        + " (see README: Distributed training)"
+        f" {cfg.grad_accum_steps} micro-batches of {cfg.batch_size} a step, and so do its examples and"
+        " dropout masks (see README: Distributed training)"
     )
 
 

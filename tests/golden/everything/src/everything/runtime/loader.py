@@ -23,6 +23,12 @@ def sample_rng(seed: int, epoch: int, index: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
 
 
+def micro_batch_seed(seed: int, epoch: int, place: int) -> int:
+    """The global RNG's seed for the micro-batch at `place` in the epoch (its dropout masks)."""
+    key = hashlib.blake2b(f"{seed}:{epoch}:micro-batch {place}".encode(), digest_size=8).digest()
+    return int.from_bytes(key, "little") >> 1
+
+
 class Shuffle:
     """A random permutation of range(n) keyed by (seed, epoch), worked out for the positions asked:
     no memory whatever n is (a billion window starts shuffled would take 8 GB and seconds an epoch).

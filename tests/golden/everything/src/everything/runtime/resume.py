@@ -86,8 +86,9 @@ def share_of_step(checkpoint: dict, cfg: Config, world_size: int) -> int:
     processes x --grad-accum-steps micro-batches of --batch-size) at any number of processes, so
     each step trains on the very examples it would have. The checkpoint's config gets back the
     --grad-accum-steps of the start, which a resume repeats (check_resumable compares them)."""
-    config, started = checkpoint["config"], checkpoint["state"]["world_size"]
-    micro_batches = config["grad_accum_steps"] * len(checkpoint["rng"])  # a step's, over every process
+    config, saved_world = checkpoint["config"], len(checkpoint["rng"])
+    started = checkpoint["state"].setdefault("world_size", saved_world)  # older checkpoints: as saved
+    micro_batches = config["grad_accum_steps"] * saved_world  # a step's, over every process
     config["grad_accum_steps"] = micro_batches // started
     if micro_batches % world_size:
         raise ConfigError(

@@ -13,7 +13,7 @@ from ..data import Splits
 from .checkpoint import CheckpointDir
 from .distributed import Dist
 from .engine import Engine
-from .loader import EpochBatches, epoch_batches
+from .loader import EpochBatches, epoch_batches, micro_batch_seed
 from .runlog import RunLog
 
 
@@ -80,10 +80,14 @@ def validation_schedule(cfg: Config, sampler: EpochBatches) -> tuple[int, str]:
 
 
 def micro_batches(loader, sampler: EpochBatches, state: TrainState):
-    """Training batches without end; keeps state.epoch and state.batch_in_epoch current."""
+    """Training batches without end; keeps state.epoch and state.batch_in_epoch current. Each seeds
+    the global RNG, which draws its dropout masks, from its place in the epoch's global batches: the
+    same masks at any number of processes, and on resume."""
     while True:
         sampler.set_epoch(state.epoch, start=state.batch_in_epoch)
         for batch in epoch_batches(loader):
+            place = state.batch_in_epoch * sampler.world_size + sampler.rank
+            torch.manual_seed(micro_batch_seed(sampler.seed, state.epoch, place))
             state.batch_in_epoch += 1
             yield batch
         state.epoch += 1
