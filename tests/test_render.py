@@ -13,17 +13,26 @@ from scaffold.matrix import (
     lint_problems,
 )
 from scaffold.matrix.lint import lint_many
+from scaffold.matrix.twins import STREAMING_PRIMARY
 from scaffold.render import new_project
 
 ALL = combinations()
 
 
 def _fast_subset() -> list[dict]:
-    """Every loop option (device, precision, accumulation, compile) for the default task and
-    tracker, and every task x tracker pair with the loop options cycling through their values."""
-    loop = [c for c in ALL if c["task"] == "classification" and c["tracker"] == "none"]
+    """Every loop option (device, precision, accumulation, compile, finetune) for the default task
+    and tracker without streaming, every task x tracker pair with the other answers cycling
+    through their values, and the matrix's streaming primaries (every task and distributed
+    answer): the streaming half's renders would double it."""
+    loop = [
+        c
+        for c in ALL
+        if c["task"] == "classification" and c["tracker"] == "none" and not c.get("streaming")
+    ]
+    streaming = {**STREAMING_PRIMARY, "device": "cpu", "streaming": True}
+    primaries = [c for c in ALL if c.items() >= streaming.items()]
     pairs = sorted({(c["task"], c["tracker"]) for c in ALL})
-    subset = list(loop)
+    subset = [*loop, *primaries]
     for i, (task, tracker) in enumerate(pairs):
         candidates = [c for c in ALL if c["task"] == task and c["tracker"] == tracker]
         subset.append(candidates[(7 * i) % len(candidates)])

@@ -400,7 +400,8 @@ def test_the_finetune_false_branches_read_no_answer():
     for path in root.rglob("*.jinja"):
         branches, read = _finetune_false_answers(path.read_text(encoding="utf-8"))
         counted += branches
-        assert not read, (path, read)
+        # streaming: the twin whose resume check runs a false primary's lines shares its answer
+        assert not read - {"streaming"}, (path, read)
     assert counted >= 20  # optim.py, train.py, resume_check.py, the checkpoints, the models...
 
 
@@ -487,9 +488,17 @@ NOT_IN_STREAMING_BLOCKS = {
 }
 
 
+# Known exceptions, by file name: generation's streaming `prepare` takes a finetune render's
+# published tokenizer (`tok = given or learn_tokenizer(...)`), which only a streaming finetune
+# generation render has; the matrix imports it (its --help, one answer from the streaming
+# primary) and no check runs it.
+STREAMING_BLOCKS_READ = {'{% if task == "generation" %}prepare.py{% endif %}.jinja': {"finetune"}}
+
+
 def test_the_streaming_blocks_read_no_answer_a_streaming_primary_leaves_out():
     root = Path(__file__).resolve().parent.parent / "templates"
     for path in root.rglob("*.jinja"):
         whole = "streaming" in str(path.relative_to(root))
         read = _block_answers(path.read_text(encoding="utf-8"), whole, answer="streaming")
-        assert not read & NOT_IN_STREAMING_BLOCKS, (path, read & NOT_IN_STREAMING_BLOCKS)
+        known = STREAMING_BLOCKS_READ.get(path.name, set())
+        assert not read & NOT_IN_STREAMING_BLOCKS - known, (path, read & NOT_IN_STREAMING_BLOCKS)
