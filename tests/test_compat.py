@@ -119,6 +119,23 @@ def test_compiled_templates_are_reused_across_environments(tmp_path, monkeypatch
     assert len(compiled) == 3
 
 
+def test_compiled_templates_stay_in_memory_for_the_next_environment(tmp_path, monkeypatch):
+    """Each render makes a new environment: the code one compiled (or read from disk) serves the
+    next without compiling or reading it again."""
+    first = jinja2.Environment()
+    _compat.cache_compiled_templates(first, tmp_path)
+    assert first.from_string("{{ y }}!").render(y=1) == "1!"
+
+    def never(*args, **kwargs):
+        raise AssertionError("compiled or read again")
+
+    monkeypatch.setattr(jinja2.Environment, "compile", never)
+    monkeypatch.setattr(_compat, "_load", never)
+    second = jinja2.Environment()
+    _compat.cache_compiled_templates(second, tmp_path)
+    assert second.from_string("{{ y }}!").render(y=2) == "2!"
+
+
 def test_the_standard_library_exit_machinery_is_there():
     for module, name in [
         (atexit, "_clear"),
