@@ -8,6 +8,8 @@ changes shape. Each has no public equivalent (as of those versions):
   questionnaire alone (`Worker._ask`: the matrix asks copier which of ~3,360 combinations its
   validators accept, without rendering each). Without a usable Worker, renders go through the
   public `copier.run_copy`, only slower.
+- `Worker.template` (a cached_property): the matrix's workers give each render's Worker the
+  Template an earlier render of the same folder built (share_templates).
 - `Worker._sync_git_index_executable_bit`: copier asks git, once a rendered file, whether the
   destination's repository ignores file modes; scaffold asks once a render (see run_copy).
 - the messages of copier's answer errors: copier raises a plain ValueError for an invalid choice
@@ -62,6 +64,7 @@ def run_copy(src_path: str, dst_path: Path, *, data: dict[str, Any], **options: 
 
         return copier.run_copy(src_path, dst_path, data, **options)
     with worker_class(src_path=src_path, dst_path=Path(dst_path), data=data, **options) as worker:
+        _share_template(worker, src_path, options)
         cache_compiled_templates(worker.jinja_env)
         if not git_ignores_file_modes(Path(dst_path)):
             # copier's per-file sync of executable bits into the git index acts only where git
@@ -70,6 +73,36 @@ def run_copy(src_path: str, dst_path: Path, *, data: dict[str, Any], **options: 
             worker._sync_git_index_executable_bit = lambda *args: None
         worker.run_copy()
     return worker
+
+
+def share_templates() -> None:
+    """Make this process's renders of a plain template folder share copier's `Template` (see
+    _share_template): the matrix's workers, which render one template thousands of times."""
+    global _SHARED_TEMPLATES
+    if _SHARED_TEMPLATES is None:
+        _SHARED_TEMPLATES = {}
+
+
+_SHARED_TEMPLATES: dict[tuple[str, int, int], Any] | None = None
+
+
+def _share_template(worker: Any, src_path: str, options: dict[str, Any]) -> None:
+    """Give `worker` the `Template` an earlier render of the same folder built (after
+    share_templates), not a new one: copier's Template parses copier.yml and asks git, in three
+    processes, whether the folder is a repository or a bundle, the same each render. Only a
+    plain folder's (a git template is cloned for each render, the clone removed with its worker),
+    named by copier.yml's size and change time, so that an edited copier.yml is read again."""
+    if _SHARED_TEMPLATES is None or options.get("vcs_ref") or "template" in vars(worker):
+        return
+    try:
+        stat = (Path(src_path) / "copier.yml").stat()
+    except OSError:
+        return
+    key = (os.path.realpath(src_path), stat.st_mtime_ns, stat.st_size)
+    if key in _SHARED_TEMPLATES:
+        vars(worker)["template"] = _SHARED_TEMPLATES[key]  # Worker.template: a cached_property
+    elif worker.template.vcs is None:
+        _SHARED_TEMPLATES[key] = worker.template
 
 
 def git_ignores_file_modes(path: Path) -> bool:
@@ -159,7 +192,9 @@ def cache_compiled_templates(env: Any, folder: Path | None = None) -> None:
     version, Jinja's, the environment's syntax options and extensions, and the source."""
     folder = folder or cache_folder("jinja")
     compile_ = env.compile
-    memory: dict[tuple[Any, ...], Any] = {}
+    # Shared by every environment of this process with this cache folder: a render makes a new
+    # one, and found each of its ~390 entries on disk again (open and unmarshal: 0.02 s a render).
+    memory = _COMPILED.setdefault(str(folder), {})
     settings = repr(
         (
             importlib.util.MAGIC_NUMBER,
@@ -174,10 +209,10 @@ def cache_compiled_templates(env: Any, folder: Path | None = None) -> None:
                defer_init: bool = False) -> Any:  # fmt: skip
         if raw or not isinstance(source, str):
             return compile_(source, name, filename, raw, defer_init)
-        seen = (source, name, filename, defer_init)
+        seen = (settings, source, name, filename, defer_init)
         if seen in memory:
             return memory[seen]
-        key = hashlib.sha256(repr((settings, *seen)).encode()).hexdigest()
+        key = hashlib.sha256(repr(seen).encode()).hexdigest()
         code = _load(folder, key)
         if code is None:
             code = compile_(source, name, filename, raw, defer_init)
@@ -187,6 +222,8 @@ def cache_compiled_templates(env: Any, folder: Path | None = None) -> None:
 
     env.compile = cached
 
+
+_COMPILED: dict[str, dict[tuple[Any, ...], Any]] = {}  # by cache folder, then what shapes the code
 
 _SYNTAX_OPTIONS = (
     "block_start_string", "block_end_string", "variable_start_string", "variable_end_string",

@@ -119,6 +119,53 @@ def test_compiled_templates_are_reused_across_environments(tmp_path, monkeypatch
     assert len(compiled) == 3
 
 
+def test_compiled_templates_stay_in_memory_for_the_next_environment(tmp_path, monkeypatch):
+    """Each render makes a new environment: the code one compiled (or read from disk) serves the
+    next without compiling or reading it again."""
+    first = jinja2.Environment()
+    _compat.cache_compiled_templates(first, tmp_path)
+    assert first.from_string("{{ y }}!").render(y=1) == "1!"
+
+    def never(*args, **kwargs):
+        raise AssertionError("compiled or read again")
+
+    monkeypatch.setattr(jinja2.Environment, "compile", never)
+    monkeypatch.setattr(_compat, "_load", never)
+    second = jinja2.Environment()
+    _compat.cache_compiled_templates(second, tmp_path)
+    assert second.from_string("{{ y }}!").render(y=2) == "2!"
+
+
+def test_renders_share_copiers_template_where_asked_and_render_the_same(tmp_path, monkeypatch):
+    """The matrix's workers (share_templates) give each render the Template an earlier render of
+    the folder built: parsed once, the same files rendered; an edited copier.yml is read again."""
+    import shutil
+
+    from scaffold.render import new_project
+
+    template = tmp_path / "template"
+    shutil.copytree(template_dir(), template)
+    built = []
+    share = _compat._share_template
+
+    def recorded(worker, src_path, options):
+        share(worker, src_path, options)
+        built.append(worker.template)
+
+    monkeypatch.setattr(_compat, "_share_template", recorded)
+    monkeypatch.setattr(_compat, "_SHARED_TEMPLATES", None)
+    alone = new_project(tmp_path / "alone" / "p", {}, git=False, template=template).path
+    monkeypatch.setattr(_compat, "_SHARED_TEMPLATES", {})
+    first = new_project(tmp_path / "first" / "p", {}, git=False, template=template).path
+    shared = new_project(tmp_path / "shared" / "p", {}, git=False, template=template).path
+
+    assert built[1] is built[2] and built[0] is not built[1]
+    assert differences(alone, shared) == differences(alone, first) == []
+    (template / "copier.yml").write_text((template / "copier.yml").read_text() + "\n")
+    new_project(tmp_path / "edited" / "p", {}, git=False, template=template)
+    assert built[3] is not built[2]
+
+
 def test_the_standard_library_exit_machinery_is_there():
     for module, name in [
         (atexit, "_clear"),

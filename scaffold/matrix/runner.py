@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from scaffold import _compat
 from scaffold.check import check_command, ci_passed, project_package
 from scaffold.combinations import combination_id
 from scaffold.errors import ScaffoldError
@@ -224,7 +225,7 @@ def run_matrix(
     with concurrent.futures.ProcessPoolExecutor(
         max_workers=jobs,
         mp_context=WORKER_START,
-        initializer=fork.start_worker,
+        initializer=_start_worker,
         initargs=(threads, forked, forked and any(c.get("compile") for c in combos)),
     ) as pool:
         order = schedule(combos, [job.plan for job in work])
@@ -244,6 +245,13 @@ def run_matrix(
     if own_workdir and not keep and all(o.passed for o in outcomes.values()):
         shutil.rmtree(workdir, ignore_errors=True)
     return [outcomes[i] for i in range(len(work))]
+
+
+def _start_worker(threads: int, preload: bool, warm_compiler: bool) -> None:
+    """A matrix worker's start (fork.start_worker), its renders sharing copier's parsed template:
+    the template folder does not change during a run."""
+    _compat.share_templates()
+    fork.start_worker(threads, preload, warm_compiler)
 
 
 # Workers start as fresh interpreters, not forked from the caller: a process with threads (pytest
