@@ -25,6 +25,7 @@ long; given up, it ends the run in one line (exit 1): the last checkpoint stands
 """
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -244,7 +245,7 @@ class Shards:
         self.retry_s = cfg.fetch_retry_minutes * 60
         self.peak = 0  # the most bytes the cache held, measured after each fetch
         self.fetching = 0.0  # seconds this process spent fetching (the loader check compares it)
-        self.pid = None  # the process whose lock and store connection these are (see here())
+        self.pid = self.lock = self.store = None  # this process's: see here()
         if self.remote:
             self.folder.mkdir(parents=True, exist_ok=True)
             for part in self.folder.glob(".*.download"):  # .NAME.PID-THREAD.download: a killed fetch's
@@ -252,14 +253,14 @@ class Shards:
                     part.unlink(missing_ok=True)
             for refused in self.folder.glob(".*.refused"):  # an earlier run's: the store may hold it mended
                 refused.unlink(missing_ok=True)
-        self.here()
+        self.here()  # before the prefetch thread starts: the two share this process's lock
 
     def __getstate__(self) -> dict:  # for spawned loader workers: a lock does not pickle
         return self.__dict__ | {"pid": None, "lock": None, "store": None}
 
     def here(self) -> None:
-        """A lock (one fetch at a time: the prefetch's or a read's) and a store connection of this
-        process's own: a forked loader worker inherits its parent's, maybe held, not fork-safe."""
+        """This process's own lock and store connection: a forked loader worker inherits its
+        parent's, the lock maybe held by the prefetch, the connection not fork-safe."""
         if self.pid != os.getpid():
             self.pid, self.lock = os.getpid(), threading.Lock()
             self.store = url_to_fs(self.source, skip_instance_cache=True) if self.remote else None
@@ -268,6 +269,16 @@ class Shards:
         fs, root = self.store
         fs.get_file(f"{root}/{name}", str(local))
 
+    @contextlib.contextmanager
+    def locked(self):
+        """One fetch at a time into the cache: of this process's threads (the prefetch, a read), and
+        of every process on this machine (loader workers, other ranks) by a POSIX lock, which a fork
+        does not inherit. Whoever comes second for a shard finds it there."""
+        self.here()
+        with self.lock, (self.folder / ".lock").open("a") as lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX)  # released as the file closes
+            yield
+
     def cached_bytes(self) -> int:
         return sum(path.stat().st_size for path in self.folder.iterdir()) if self.remote else 0
 
@@ -275,8 +286,7 @@ class Shards:
         """The local file of shard `name`, fetched first if a URL's and not in the cache."""
         path = self.folder / name
         if self.remote and not path.exists():
-            self.here()
-            with self.lock:
+            with self.locked():
                 if (refused := self.folder / f".{name}.refused").exists():  # by this run, in any process
                     raise ShardError(refused.read_text())
                 if not path.exists():  # fetched by the prefetch meanwhile
@@ -484,7 +494,7 @@ class Prefetch:
                         continue
                     if self.shards.cached_bytes() + self.shards.entries[name]["bytes"] > self.limit:
                         break  # until a window is read and evicted
-                    with self.shards.lock:
+                    with self.shards.locked():
                         if not (self.shards.folder / name).exists():
                             self.shards.fetch(name)
                     if self.wake.is_set():
