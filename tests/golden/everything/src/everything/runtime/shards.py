@@ -245,6 +245,7 @@ class Shards:
         self.retry_s = cfg.fetch_retry_minutes * 60
         self.peak = 0  # the most bytes the cache held, measured after each fetch
         self.fetching = 0.0  # seconds this process spent fetching (the loader check compares it)
+        self.away: float | None = None  # since when the store has not answered, if it has not
         self.pid = self.lock = self.store = None  # this process's: see here()
         if self.remote:
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -315,23 +316,26 @@ class Shards:
         raise ShardError(refused)
 
     def retried(self, url: str, action) -> None:
-        """`action`, retried while the store is away (1 s apart, doubling to 30 s), --fetch-retry-minutes."""
-        away, wait = None, 1.0
+        """`action`, retried while the store is away (1 s apart, doubling to 30 s) for --fetch-retry-minutes
+        from when it went away: a read that comes to it later waits out what is left, no more."""
+        wait = 1.0
         while True:
             try:
                 with reaching(url):
                     action()
-                if away is not None:
-                    print(f"the data store is back after {time.monotonic() - away:.0f} s", file=sys.stderr)
+                if self.away is not None:
+                    away, self.away = time.monotonic() - self.away, None
+                    print(f"the data store is back after {away:.0f} s", file=sys.stderr)
                 return
             except FileNotFoundError:
                 raise ShardError(f"{url} is missing: the index names it (prepare the data again)") from None
             except StoreError as error:
-                if away is None:
-                    away = time.monotonic()
+                if self.away is None:
+                    self.away = time.monotonic()
                     print(f"warning: {error}; retrying for {self.retry_s:.0f} s", file=sys.stderr)
-                if time.monotonic() - away + wait > self.retry_s:
-                    raise StoreAway(f"{error}; retried for {time.monotonic() - away:.0f} s") from None
+                away = time.monotonic() - self.away
+                if away + wait > self.retry_s:
+                    raise StoreAway(f"{error}; retried for {away:.0f} s") from None
                 time.sleep(wait)
                 wait = min(2 * wait, 30)
 
@@ -516,13 +520,13 @@ def streamed_splits(cfg: Config, index: dict, reader_for) -> tuple[ShardedSplit,
     if shards.remote:
         limit = cache_bytes(cfg.cache_size)
         largest = max(entry["bytes"] for entry in train.entries)
-        needs = 2 * cfg.shuffle_window * largest + sum(entry["bytes"] for entry in val.entries)
+        keep = {entry["name"] for entry in val.entries} | index["files"].keys()
+        needs = 2 * cfg.shuffle_window * largest + sum(shards.entries[name]["bytes"] for name in keep)
         if needs > limit:
             raise ConfigError(
                 f"--cache-size {cfg.cache_size} cannot hold two windows of --shuffle-window"
                 f" {cfg.shuffle_window} shards and the validation shards ({needs / 2**20:,.0f} MiB):"
                 " raise it, or lower --shuffle-window"
             )
-        keep = {entry["name"] for entry in val.entries} | index["files"].keys()
         train.prefetch = Prefetch(train, limit, cfg.num_workers * 4, keep)  # 4: the loader's prefetch_factor
     return train, val
