@@ -225,11 +225,17 @@ def open_index(source: str) -> dict:
     return index
 
 
-def cache_bytes(size: str) -> int:
+def size(n: int) -> str:
+    """Bytes as --cache-size takes them: 22.1KB, 1.5GB."""
+    unit = next((unit for unit in "TGMK" if n >= UNITS[unit]), "")
+    return f"{n / UNITS[unit]:,.1f}{unit}B" if unit else f"{n}B"
+
+
+def cache_bytes(text: str) -> int:
     """--cache-size ("20GB", "500MB", "1.5T") in bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", size, re.IGNORECASE)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
     if not match:
-        raise ConfigError(f"--cache-size {size!r}: give a size such as 20GB or 500MB")
+        raise ConfigError(f"--cache-size {text!r}: give a size such as 20GB or 500MB")
     return int(float(match[1]) * UNITS[match[2].upper()])
 
 
@@ -334,9 +340,9 @@ class Shards:
                     self.away = time.monotonic()
                     print(f"warning: {error}; retrying for {self.retry_s:.0f} s", file=sys.stderr)
                 away = time.monotonic() - self.away
-                if away + wait > self.retry_s:
+                if away >= self.retry_s:
                     raise StoreAway(f"{error}; retried for {away:.0f} s") from None
-                time.sleep(wait)
+                time.sleep(min(wait, self.retry_s - away))
                 wait = min(2 * wait, 30)
 
 
@@ -525,8 +531,8 @@ def streamed_splits(cfg: Config, index: dict, reader_for) -> tuple[ShardedSplit,
         if needs > limit:
             raise ConfigError(
                 f"--cache-size {cfg.cache_size} cannot hold two windows of --shuffle-window"
-                f" {cfg.shuffle_window} shards and the validation shards ({needs / 2**20:,.0f} MiB):"
-                " raise it, or lower --shuffle-window"
+                f" {cfg.shuffle_window} shards and the validation shards ({size(needs)}): raise it,"
+                " or lower --shuffle-window"
             )
         train.prefetch = Prefetch(train, limit, cfg.num_workers * 4, keep)  # 4: the loader's prefetch_factor
     return train, val
