@@ -44,6 +44,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import Config, ConfigError
+from .checkpoint import file_digest
 from .loader import Shuffle
 from .stopping import request_stop
 from .store import StoreError, cache_dir, is_url
@@ -84,14 +85,6 @@ class ShardReader(Protocol):
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while block := file.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def index_digest(index: dict) -> str:
@@ -308,7 +301,7 @@ class Shards:
             started = time.perf_counter()
             self.retried(url, lambda: self.get(name, part))
             self.fetching += time.perf_counter() - started
-            found = file_sha256(part)
+            found = file_digest(part)
             if found == entry["sha256"]:
                 self.peak = max(self.peak, self.cached_bytes())  # the download counted
                 os.replace(part, self.folder / name)
