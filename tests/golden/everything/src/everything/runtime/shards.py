@@ -25,6 +25,7 @@ long; given up, it ends the run in one line (exit 1): the last checkpoint stands
 """
 
 import contextlib
+import fcntl
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ import torch
 from torch.utils.data import Dataset
 
 from ..config import Config, ConfigError
+from .checkpoint import file_digest
 from .loader import Shuffle
 from .stopping import request_stop
 from .store import StoreError, cache_dir, is_url
@@ -83,14 +85,6 @@ class ShardReader(Protocol):
 
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while block := file.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def index_digest(index: dict) -> str:
@@ -224,11 +218,17 @@ def open_index(source: str) -> dict:
     return index
 
 
-def cache_bytes(size: str) -> int:
+def size(n: int) -> str:
+    """Bytes as --cache-size takes them: 22.1KB, 1.5GB."""
+    unit = next((unit for unit in "TGMK" if n >= UNITS[unit]), "")
+    return f"{n / UNITS[unit]:,.1f}{unit}B" if unit else f"{n}B"
+
+
+def cache_bytes(text: str) -> int:
     """--cache-size ("20GB", "500MB", "1.5T") in bytes."""
-    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", size, re.IGNORECASE)
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([KMGT]?)i?B?\s*", text, re.IGNORECASE)
     if not match:
-        raise ConfigError(f"--cache-size {size!r}: give a size such as 20GB or 500MB")
+        raise ConfigError(f"--cache-size {text!r}: give a size such as 20GB or 500MB")
     return int(float(match[1]) * UNITS[match[2].upper()])
 
 
@@ -244,7 +244,8 @@ class Shards:
         self.retry_s = cfg.fetch_retry_minutes * 60
         self.peak = 0  # the most bytes the cache held, measured after each fetch
         self.fetching = 0.0  # seconds this process spent fetching (the loader check compares it)
-        self.pid = None  # the process whose lock and store connection these are (see here())
+        self.away: float | None = None  # since when the store has not answered, if it has not
+        self.pid = self.lock = self.store = None  # this process's: see here()
         if self.remote:
             self.folder.mkdir(parents=True, exist_ok=True)
             for part in self.folder.glob(".*.download"):  # .NAME.PID-THREAD.download: a killed fetch's
@@ -252,14 +253,14 @@ class Shards:
                     part.unlink(missing_ok=True)
             for refused in self.folder.glob(".*.refused"):  # an earlier run's: the store may hold it mended
                 refused.unlink(missing_ok=True)
-        self.here()
+        self.here()  # before the prefetch thread starts: the two share this process's lock
 
     def __getstate__(self) -> dict:  # for spawned loader workers: a lock does not pickle
         return self.__dict__ | {"pid": None, "lock": None, "store": None}
 
     def here(self) -> None:
-        """A lock (one fetch at a time: the prefetch's or a read's) and a store connection of this
-        process's own: a forked loader worker inherits its parent's, maybe held, not fork-safe."""
+        """This process's own lock and store connection: a forked loader worker inherits its
+        parent's, the lock maybe held by the prefetch, the connection not fork-safe."""
         if self.pid != os.getpid():
             self.pid, self.lock = os.getpid(), threading.Lock()
             self.store = url_to_fs(self.source, skip_instance_cache=True) if self.remote else None
@@ -268,6 +269,16 @@ class Shards:
         fs, root = self.store
         fs.get_file(f"{root}/{name}", str(local))
 
+    @contextlib.contextmanager
+    def locked(self):
+        """One fetch at a time into the cache: of this process's threads (the prefetch, a read), and
+        of every process on this machine (loader workers, other ranks) by a POSIX lock, which a fork
+        does not inherit. Whoever comes second for a shard finds it there."""
+        self.here()
+        with self.lock, (self.folder / ".lock").open("a") as lock:
+            fcntl.lockf(lock, fcntl.LOCK_EX)  # released as the file closes
+            yield
+
     def cached_bytes(self) -> int:
         return sum(path.stat().st_size for path in self.folder.iterdir()) if self.remote else 0
 
@@ -275,8 +286,7 @@ class Shards:
         """The local file of shard `name`, fetched first if a URL's and not in the cache."""
         path = self.folder / name
         if self.remote and not path.exists():
-            self.here()
-            with self.lock:
+            with self.locked():
                 if (refused := self.folder / f".{name}.refused").exists():  # by this run, in any process
                     raise ShardError(refused.read_text())
                 if not path.exists():  # fetched by the prefetch meanwhile
@@ -291,7 +301,7 @@ class Shards:
             started = time.perf_counter()
             self.retried(url, lambda: self.get(name, part))
             self.fetching += time.perf_counter() - started
-            found = file_sha256(part)
+            found = file_digest(part)
             if found == entry["sha256"]:
                 self.peak = max(self.peak, self.cached_bytes())  # the download counted
                 os.replace(part, self.folder / name)
@@ -305,24 +315,27 @@ class Shards:
         raise ShardError(refused)
 
     def retried(self, url: str, action) -> None:
-        """`action`, retried while the store is away (1 s apart, doubling to 30 s), --fetch-retry-minutes."""
-        away, wait = None, 1.0
+        """`action`, retried while the store is away (1 s apart, doubling to 30 s) for --fetch-retry-minutes
+        from when it went away: a read that comes to it later waits out what is left, no more."""
+        wait = 1.0
         while True:
             try:
                 with reaching(url):
                     action()
-                if away is not None:
-                    print(f"the data store is back after {time.monotonic() - away:.0f} s", file=sys.stderr)
+                if self.away is not None:
+                    away, self.away = time.monotonic() - self.away, None
+                    print(f"the data store is back after {away:.0f} s", file=sys.stderr)
                 return
             except FileNotFoundError:
                 raise ShardError(f"{url} is missing: the index names it (prepare the data again)") from None
             except StoreError as error:
-                if away is None:
-                    away = time.monotonic()
+                if self.away is None:
+                    self.away = time.monotonic()
                     print(f"warning: {error}; retrying for {self.retry_s:.0f} s", file=sys.stderr)
-                if time.monotonic() - away + wait > self.retry_s:
-                    raise StoreAway(f"{error}; retried for {time.monotonic() - away:.0f} s") from None
-                time.sleep(wait)
+                away = time.monotonic() - self.away
+                if away >= self.retry_s:
+                    raise StoreAway(f"{error}; retried for {away:.0f} s") from None
+                time.sleep(min(wait, self.retry_s - away))
                 wait = min(2 * wait, 30)
 
 
@@ -484,7 +497,7 @@ class Prefetch:
                         continue
                     if self.shards.cached_bytes() + self.shards.entries[name]["bytes"] > self.limit:
                         break  # until a window is read and evicted
-                    with self.shards.lock:
+                    with self.shards.locked():
                         if not (self.shards.folder / name).exists():
                             self.shards.fetch(name)
                     if self.wake.is_set():
@@ -506,13 +519,13 @@ def streamed_splits(cfg: Config, index: dict, reader_for) -> tuple[ShardedSplit,
     if shards.remote:
         limit = cache_bytes(cfg.cache_size)
         largest = max(entry["bytes"] for entry in train.entries)
-        needs = 2 * cfg.shuffle_window * largest + sum(entry["bytes"] for entry in val.entries)
+        keep = {entry["name"] for entry in val.entries} | index["files"].keys()
+        needs = 2 * cfg.shuffle_window * largest + sum(shards.entries[name]["bytes"] for name in keep)
         if needs > limit:
             raise ConfigError(
                 f"--cache-size {cfg.cache_size} cannot hold two windows of --shuffle-window"
-                f" {cfg.shuffle_window} shards and the validation shards ({needs / 2**20:,.0f} MiB):"
-                " raise it, or lower --shuffle-window"
+                f" {cfg.shuffle_window} shards and the validation shards ({size(needs)}): raise it,"
+                " or lower --shuffle-window"
             )
-        keep = {entry["name"] for entry in val.entries} | index["files"].keys()
         train.prefetch = Prefetch(train, limit, cfg.num_workers * 4, keep)  # 4: the loader's prefetch_factor
     return train, val
