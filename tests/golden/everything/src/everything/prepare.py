@@ -1,9 +1,10 @@
 """The `prepare` command: the data `train --data SOURCE` reads, written as shards with an index
 (runtime/shards.py) to a new folder or a URL, from which `train --data DEST` streams it.
 
-    python -m everything prepare --data SOURCE --out s3://bucket/data [--shard-mb 64]
+    python -m everything prepare --data SOURCE --out s3://bucket/data
 
-What goes into a shard is data.py's `write_shards(cfg, writer)`; reading one back, its reader's.
+--shard-mb sets the size a shard aims at (64 MB by default). What goes into a shard is data.py's
+`write_shards(cfg, writer)`; reading one back, its reader's.
 """
 
 from .config import Config, add_config_arguments

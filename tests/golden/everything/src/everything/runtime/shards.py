@@ -1,13 +1,14 @@
 """Machinery: data in shards with an index, in a folder or at a URL, streamed through a bounded cache.
 
-    python -m everything prepare --data SOURCE --out s3://bucket/data  # or a folder
+    python -m everything prepare --data SOURCE --out s3://bucket/data
     python -m everything train --data s3://bucket/data --cache-size 20GB
 
-The folder (or URL prefix) holds the shards and index.json, written last (JSON, readable without
-the project): {"format": "scaffold-shards", "version": 1, "task", "meta" (what the task's reader
-needs), "files" (extra files by name: {"bytes", "sha256"}), "splits": {"train": [...], "val": [...]}},
-each shard {"name", "bytes", "examples", "sha256"}. A folder is read in place. A URL's shards are
-fetched into $XDG_CACHE_HOME/everything/shards/, verified, a window of shards ahead of need
+The folder (--out a folder, or a URL prefix) holds the shards and index.json, written last (JSON,
+readable without the project): {"format": "scaffold-shards", "version": 1, "task", "meta" (what the
+task's reader needs), "files" (extra files by name: {"bytes", "sha256"}), "splits": {"train": [...],
+"val": [...]}}, each shard {"name", "bytes", "examples", "sha256"}. A folder is read in place. A
+URL's shards are fetched and verified into a cache folder
+($XDG_CACHE_HOME/everything/shards/), a window ahead of need,
 by a thread of the main process, and deleted once every batch that reads them is read: the disk
 holds --cache-size at most, so a data set larger than the disk trains. A missing index or shard,
 or one fetched twice and damaged both times, is one line and exit 2.
