@@ -465,13 +465,18 @@ class Prefetch:
         self.split, self.shards, self.limit = split, split.shards, limit
         self.keep = keep  # the validation shards and the extra files: read again and again
         self.recent = deque(maxlen=in_flight + IN_FLIGHT)  # (order, position) of the batches sampled last
+        self.span = None  # the windows of the oldest and the newest of them
         self.wake = threading.Event()
         self.wake.set()  # the kept files first, at the start: validation must not wait for the store
         threading.Thread(target=self._run, daemon=True, name="prefetch").start()
 
     def sampled(self, order: Order, position: int) -> None:
         self.recent.append((order, position))
-        self.wake.set()
+        (old, first), (new, last) = self.recent[0], self.recent[-1]
+        span = (id(old), old.window_of(first), id(new), new.window_of(last))
+        if span != self.span:  # a window to fetch ahead, or one to evict: not a wake a batch
+            self.span = span
+            self.wake.set()
 
     def wanted(self) -> list[str]:
         """The shards still to be read, in order of need: from the window of the oldest batch that
