@@ -14,9 +14,10 @@ and records a part that fails or runs out of time without stopping the others:
   ddp, fsdp        a generation project's `scripts/train_single_node.sh` with NPROC=2: two ranks
                    on the one GPU (they share it over gloo: NCCL refuses two ranks on one GPU);
                    fsdp's with every block recomputed (--activation-checkpointing 1)
-  matrix           every cuda primary of the matrix (device cuda, tracker none: 180, and the 90
+  matrix           every cuda primary of the matrix (device cuda, tracker none: 180, the 90
                    finetune primaries, without accumulation, which run `check resume` and
-                   `check init`) rendered, linted and checked on the GPU (the matrix's runner
+                   `check init`, and the 15 streaming primaries, which check on shards)
+                   rendered, linted and checked on the GPU (the matrix's runner
                    with native_device and fresh interpreters), --jobs at a time, each at most
                    --combination-timeout seconds, in whatever the budget leaves; one of
                    each (task, distributed, precision) family first, then the second of each
@@ -61,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from scaffold import _compat  # noqa: E402
 from scaffold.combinations import all_combinations, combination_id  # noqa: E402
-from scaffold.matrix.twins import finetune_primary_of, primary_of  # noqa: E402
+from scaffold.matrix.twins import finetune_primary_of, primary_of, streaming_primary_of  # noqa: E402
 from scaffold.questions import package_name, template_dir  # noqa: E402
 
 BUDGET = 450.0  # seconds for every part together: 8 minutes less the start-up around them
@@ -115,16 +116,16 @@ class Part:
 def cuda_primaries() -> list[dict[str, Any]]:
     """The matrix's combinations with device cuda that are their own primary when the checks run
     on the project's own device (scaffold.matrix.twins: tracker none; a finetune one, no
-    accumulation too), less those copier's validators refuse."""
-    combos = [
-        answers
-        for answers in all_combinations()
-        if answers.get("device") == "cuda"
-        and (finetune_primary_of if answers.get("finetune") else primary_of)(
-            answers, native_device=True
-        )
-        == answers
-    ]
+    accumulation too; a streaming one, one a task and distributed answer), less those copier's
+    validators refuse."""
+
+    def primary(answers: dict[str, Any]) -> dict[str, Any]:
+        if answers.get("streaming"):
+            return streaming_primary_of(answers, native_device=True)
+        of = finetune_primary_of if answers.get("finetune") else primary_of
+        return of(answers, native_device=True)
+
+    combos = [a for a in all_combinations() if a.get("device") == "cuda" and primary(a) == a]
     validate = _compat.answer_validator(template_dir())
     return spread([answers for answers in combos if validate(answers) is None])
 

@@ -45,17 +45,20 @@ def test_the_plan_holds_every_cuda_primary_the_mfu_run_find_batch_size_ddp_and_f
     assert list(planned) == ["mfu", "find-batch-size", "ddp", "fsdp", "matrix"]
 
     # Every cuda primary: device cuda, tracker none, each value of every other question (no
-    # validator refuses a cuda combination), each once; a finetune one without accumulation.
+    # validator refuses a cuda combination), each once; a finetune one without accumulation; a
+    # streaming one a task and distributed answer (fp32, no compile, no finetune, accumulation 1).
     questions = varied_questions()
     fixed = {"tracker": ("none",), "device": ("cuda",)}
+    streaming = {"precision": "fp32", "compile": False, "finetune": False, "grad_accum_steps": 1}
     expected = {
         combination_id(answers)
         for product in itertools.product(*(fixed.get(q.name) or values(q) for q in questions))
-        if not (answers := dict(zip([q.name for q in questions], product, strict=True)))["finetune"]
-        or answers["grad_accum_steps"] == 1
+        if (answers := dict(zip([q.name for q in questions], product, strict=True)))
+        and (not answers["finetune"] or answers["grad_accum_steps"] == 1)
+        and (not answers["streaming"] or answers.items() >= streaming.items())
     }
     matrix = planned["matrix"][1:]
-    assert len(matrix) == len(expected) == 180 + 90
+    assert len(matrix) == len(expected) == 180 + 90 + 15
     assert set(matrix) == expected
 
     assert planned["mfu"] == [f"{sys.executable} {REPO / 'benchmarks' / 'gpu_throughput.py'}"]
