@@ -5,6 +5,7 @@ bytes against --cache-size, against a moto S3 server started on localhost (pip i
 
     python benchmarks/streaming.py          # 100,000 examples of 64 floats in 2 MiB shards
     python benchmarks/streaming.py --steps 400 --repeats 3 --cache-size 40MB --shuffle-window 8
+    python benchmarks/streaming.py --hidden-dim 1024    # a step long enough to hide the fetches
 
 Each source is trained twice over the same steps, interleaved (local, store, local, store), in a
 fresh process and, for the store, a fresh cache: throughput is the examples of the steps after the
@@ -99,6 +100,7 @@ def main() -> None:
     parser.add_argument("--cache-size", default="12MB")  # the train split is 25 MB
     parser.add_argument("--shuffle-window", default="2")  # shards: two windows must fit the cache
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--hidden-dim", type=int)  # the model's width (a longer step); 128 else
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="streaming-bench-") as tmp:
         measure(args, Path(tmp))
@@ -142,6 +144,7 @@ def measure(args: argparse.Namespace, work: Path) -> None:
         train = ["--max-steps", str(args.steps), "--batch-size", str(args.batch_size)]
         train += ["--log-every", "10", "--cache-size", args.cache_size, "--eval-every", "200"]
         train += ["--shuffle-window", args.shuffle_window]
+        train += ["--hidden-dim", str(args.hidden_dim)] if args.hidden_dim else []
         rates: dict[str, list[float]] = {name: [] for name in sources}
         firsts: dict[str, list[float]] = {name: [] for name in sources}
         peaks: dict[str, int] = {name: 0 for name in sources}
@@ -159,8 +162,9 @@ def measure(args: argparse.Namespace, work: Path) -> None:
                               source, "--run-dir", run_dir, *longer)  # fmt: skip
                 firsts[name].append(first_batch(resumed))
 
+    width = f", --hidden-dim {args.hidden_dim}" if args.hidden_dim else ""
     print(f"{wrote}; {args.steps} steps of {args.batch_size}, --cache-size {args.cache_size},"
-          f" --shuffle-window {args.shuffle_window}")  # fmt: skip
+          f" --shuffle-window {args.shuffle_window}{width}")  # fmt: skip
     print(f"moto S3 server on localhost; one shard's fetch: {fetch * 1000:.0f} ms (median of 5)")
     print(f"{'source':<8} {'examples/s':>22} {'first batch after resume':>26} {'cache peak':>12}")
     for name in sources:
