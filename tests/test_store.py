@@ -71,21 +71,23 @@ def remove_unlisted(self, manifests):
     return _remove_unlisted(self, manifests)
 store.RunStore._remove_unlisted = remove_unlisted
 """
-# Sends SIGTERM to the process as it prints step SIGTERM_AT: the signal is caught before the next
-# step begins, so the run stops, with a checkpoint, at step SIGTERM_AT + 1 however loaded the
-# machine is (a signal from the test, sent when it reads that line, can land a step later).
+# Sends SIGTERM to the process as it prints step SIGTERM_AT, where that is set: the signal is
+# caught before the next step begins, so the run stops, with a checkpoint, at step SIGTERM_AT + 1
+# however loaded the machine is (a signal from the test, sent as it reads that line, can land a
+# step later).
 SIGTERM_AT = """
 import os, signal, sys
-class _Stdout:
-    def __init__(self, out):
-        self._out = out
-    def __getattr__(self, name):
-        return getattr(self._out, name)
-    def write(self, text):
-        if text.startswith("step " + os.environ["SIGTERM_AT"] + "/"):
-            os.kill(os.getpid(), signal.SIGTERM)
-        return self._out.write(text)
-sys.stdout = _Stdout(sys.stdout)
+if os.environ.get("SIGTERM_AT"):
+    class _Stdout:
+        def __init__(self, out):
+            self._out = out
+        def __getattr__(self, name):
+            return getattr(self._out, name)
+        def write(self, text):
+            if text.startswith("step " + os.environ["SIGTERM_AT"] + "/"):
+                os.kill(os.getpid(), signal.SIGTERM)
+            return self._out.write(text)
+    sys.stdout = _Stdout(sys.stdout)
 """
 KILL_AT_MANIFEST = """
 import json, os, signal

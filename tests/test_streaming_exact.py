@@ -15,6 +15,7 @@ import sys
 import pytest
 from test_ddp import _env_ddp, _torchrun
 from test_project import _env, records, render
+from test_store import SIGTERM_AT
 
 STEPS = 24
 # 3,686 training examples: 14 steps of 4 micro-batches of 64 an epoch, whatever the processes;
@@ -26,19 +27,8 @@ ARGS = ("train", "--max-steps", str(STEPS), "--batch-size", "64", "--grad-accum-
 # Records each training micro-batch's example ids (rank by rank, in the order read) to IDS_TO, and
 # sends SIGTERM to rank 0 as it prints step SIGTERM_AT: every rank then stops, with a checkpoint,
 # at step SIGTERM_AT + 1 (runtime/stopping.py), however loaded the machine is.
-INJECT = """
-import json, os, signal, sys
-if os.environ.get("SIGTERM_AT"):
-    class _Stdout:
-        def __init__(self, out):
-            self._out = out
-        def __getattr__(self, name):
-            return getattr(self._out, name)
-        def write(self, text):
-            if text.startswith("step " + os.environ["SIGTERM_AT"] + "/"):
-                os.kill(os.getpid(), signal.SIGTERM)
-            return self._out.write(text)
-    sys.stdout = _Stdout(sys.stdout)
+INJECT = SIGTERM_AT + """
+import json
 if "RANK" in os.environ:  # a worker, not torchrun
     from {package}.runtime import loader
     _build = loader.build_loaders
