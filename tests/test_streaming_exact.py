@@ -27,8 +27,8 @@ ARGS = ("train", "--max-steps", str(STEPS), "--batch-size", "64", "--grad-accum-
 # Records each training micro-batch's example ids (rank by rank, in the order read) to IDS_TO, and
 # sends SIGTERM to rank 0 as it prints step SIGTERM_AT: every rank then stops, with a checkpoint,
 # at step SIGTERM_AT + 1 (runtime/stopping.py), however loaded the machine is.
-INJECT = SIGTERM_AT + """
-import json
+RECORD_IDS = """
+import json, os
 if "RANK" in os.environ:  # a worker, not torchrun
     from {package}.runtime import loader
     _build = loader.build_loaders
@@ -43,6 +43,7 @@ if "RANK" in os.environ:  # a worker, not torchrun
         return train, val, sampler
     loader.build_loaders = build_loaders
 """
+INJECT = SIGTERM_AT + RECORD_IDS
 
 
 def _render(tmp_path_factory, distributed: str):
