@@ -169,7 +169,8 @@ class ShardWriter:
         said = []
         for split, shards in self.index["splits"].items():
             examples = sum(entry["examples"] for entry in shards)
-            said.append(f"{len(shards)} {split} shards ({examples:,} examples)")
+            plural = "" if len(shards) == 1 else "s"
+            said.append(f"{len(shards)} {split} shard{plural} ({examples:,} examples)")
         return f"wrote {' and '.join(said)} to {self.dest}"
 
 
