@@ -17,6 +17,7 @@ folder's lock holds on the staging folder only.
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -35,6 +36,10 @@ PROJECT = "default"
 RECORDS = ("run.json", "metrics.jsonl")
 BEST = "best.pt"  # replaced in place, so stored under a name of its contents
 MANIFEST = re.compile(r"step-(\d+)\.json")
+
+# s3fs runs its requests on asyncio in a thread of its own: one cut off by a stop is logged there as
+# "Task exception was never retrieved" with a traceback, after the run has said what happened
+logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
 class StoreError(RuntimeError):
