@@ -10,10 +10,12 @@ to the template moved no rendered byte.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
+import multiprocessing
 import sys
 import tempfile
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -79,6 +81,79 @@ class FileRenderer:
         """{path in the project: text} of every file the answers render."""
         context = self.context(answers)
         return {name: self.text(source, context) for source, name in self.paths(context)}
+
+
+@dataclasses.dataclass
+class Renders:
+    """Many combinations' renders, each distinct text once."""
+
+    texts: dict[str, str]  # a text's digest: the text
+    files: list[dict[str, str]]  # for each combination, {path in the project: its text's digest}
+
+    def of(self, i: int) -> dict[str, str]:
+        """{path: text} of combination i."""
+        return {path: self.texts[key] for path, key in self.files[i].items()}
+
+    def modules(self) -> list[frozenset[int]]:
+        """For each combination, the ids of its Python modules' texts (its src/ files)."""
+        ids: dict[str, int] = {}
+        return [
+            frozenset(
+                ids.setdefault(key, len(ids))
+                for path, key in files.items()
+                if path.startswith("src/") and path.endswith(".py")
+            )
+            for files in self.files
+        ]
+
+
+def render_many(
+    combos: Sequence[dict[str, Any]], *, jobs: int = 1, template: Path | None = None
+) -> Renders:
+    """Every combination's files, rendered `jobs` processes at a time, CHUNK combinations a task."""
+    chunks = [list(combos[i : i + CHUNK]) for i in range(0, len(combos), CHUNK)]
+    renders = Renders(texts={}, files=[])
+    if jobs <= 1 or len(chunks) <= 1:
+        _start(template)
+        results: Iterable[tuple[dict[str, str], list[dict[str, str]]]] = map(_render_chunk, chunks)
+        for texts, files in results:
+            renders.texts.update(texts)
+            renders.files.extend(files)
+        return renders
+    context = multiprocessing.get_context("spawn")
+    with context.Pool(jobs, initializer=_start, initargs=(template,)) as pool:
+        for texts, files in pool.imap(_render_chunk, chunks):
+            renders.texts.update(texts)
+            renders.files.extend(files)
+    return renders
+
+
+CHUNK = 64
+_WORKER: dict[str, Any] = {}
+
+
+def _start(template: Path | None) -> None:
+    _WORKER["renderer"] = FileRenderer(template)
+    _WORKER["sent"] = set()
+
+
+def _render_chunk(
+    combos: Sequence[dict[str, Any]],
+) -> tuple[dict[str, str], list[dict[str, str]]]:
+    """Render each of `combos`: the texts this worker has not sent yet, and each one's files."""
+    renderer, sent = _WORKER["renderer"], _WORKER["sent"]
+    texts: dict[str, str] = {}
+    files = []
+    for answers in combos:
+        rendered = {}
+        for path, text in renderer.render(answers).items():
+            key = hashlib.sha256(text.encode()).hexdigest()[:20]
+            rendered[path] = key
+            if key not in sent:
+                sent.add(key)
+                texts[key] = text
+        files.append(rendered)
+    return texts, files
 
 
 def digest(files: dict[str, str]) -> str:

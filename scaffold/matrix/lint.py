@@ -7,13 +7,15 @@ import hashlib
 import os
 import re
 import subprocess
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from scaffold.errors import ScaffoldError
+from scaffold.matrix.files import Renders
 
 RESIDUE = re.compile(r"\{%-?\s|\s-?%\}|\{\{\s|\s\}\}|\{#|#\}|\.jinja\b")
 _TRACKER_MARKERS = {"tensorboard": "SummaryWriter", "wandb": "wandb", "mlflow": "mlflow"}
@@ -92,20 +94,30 @@ def _names(output: str, folder: str) -> bool:
 
 
 def _rendered_problems(project: Path, answers: dict[str, Any]) -> list[str]:
-    """Template residue, a REPLACE ME or TODO, Python that does not parse, and code (or a
-    dependency, or a launcher's GPU request) of an option not chosen."""
-    problems = []
+    """rendered_problems of the project's files as they are on disk."""
     files = [p for p in sorted(project.rglob("*")) if p.is_file() and ".git" not in p.parts]
-    texts = {path: path.read_text(encoding="utf-8") for path in files}
-    for path, text in texts.items():
-        where = path.relative_to(project)
-        if RESIDUE.search(text):
+    texts = {p.relative_to(project).as_posix(): p.read_text(encoding="utf-8") for p in files}
+    return rendered_problems(texts, answers)
+
+
+def rendered_problems(texts: Mapping[str, str], answers: dict[str, Any]) -> list[str]:
+    """Template residue, a REPLACE ME or TODO, Python that does not parse, and code (or a
+    dependency, or a launcher's GPU request) of an option not chosen, in a render's `texts`
+    ({path in the project: text}). What each text holds is found once in this process: a matrix's
+    renders share most of their texts."""
+    problems = []
+    found: set[str] = set()
+    for where, text in sorted(texts.items()):
+        facts = _facts(text, where.endswith(".py"))
+        if "residue" in facts:
             problems.append(f"template residue in {where}")
-        if "REPLACE ME" in text or "TODO" in text:
+        if "todo" in facts:
             problems.append(f"a REPLACE ME or TODO left in {where}")
-        if path.suffix == ".py" and (error := _compile_error(text)):
-            problems.append(f"the project's Python does not parse: {where}: {error}")
-    source = "\n".join(text for path, text in texts.items() if path.suffix == ".py")
+        if where.endswith(".py"):
+            if error := _compile_error(text):
+                problems.append(f"the project's Python does not parse: {where}: {error}")
+            found |= facts
+    everywhere = set().union(*(_facts(text, False) for text in texts.values()))
 
     precision, device = answers.get("precision"), answers.get("device")
     distributed = answers.get("distributed", "none")
@@ -131,31 +143,66 @@ def _rendered_problems(project: Path, answers: dict[str, Any]) -> list[str]:
         for tracker, marker in _TRACKER_MARKERS.items()
     ]
     for marker, wanted, option in expect:
-        if (marker in source) != wanted:
+        if (marker in found) != wanted:
             state = "missing although" if wanted else "present although not"
             problems.append(f"{marker!r} {state} {option} was chosen")
-    everything = "\n".join(texts.values())
-    if not multi and "torchrun" in everything:
+    if not multi and "torchrun" in everywhere:
         problems.append("'torchrun' present although neither ddp nor fsdp was chosen")
-    launchers = [p for p in files if p.parent == project / "scripts"]
+    launchers = [p for p in texts if p.startswith("scripts/") and p.count("/") == 1]
     for path in launchers:
-        if path.suffix == ".yaml":
+        if path.endswith(".yaml"):
             try:
                 list(yaml.safe_load_all(texts[path]))
             except yaml.YAMLError as err:
-                problems.append(f"{path.relative_to(project)} is not YAML: {err}")
+                problems.append(f"{path} is not YAML: {err}")
     asked = "\n".join(texts[p] for p in launchers)
     for marker in _GPU_REQUESTS:
         if multi and (marker in asked) != (device == "cuda"):
             state = "missing from" if device == "cuda" else "in"
             problems.append(f"{marker!r} {state} scripts/ although the device is {device}")
-    pyproject = (project / "pyproject.toml").read_text(encoding="utf-8")
+    pyproject = texts.get("pyproject.toml", "")
     for tracker in _TRACKER_MARKERS:
         chosen = answers.get("tracker") == tracker
         if (f'"{tracker}' in pyproject) != chosen:
             state = "missing from" if chosen else "in"
             problems.append(f"the {tracker} dependency is {state} pyproject.toml")
     return problems
+
+
+# Every marker rendered_problems looks for in a text.
+_MARKERS = (
+    "GradScaler",
+    "skipped_steps",
+    "autocast",
+    "torch.compile",
+    "set_float32_matmul_precision",
+    "largest_fitting",
+    "--memory-target",
+    "torch.mps",
+    "torch.cuda.get_rng_state",
+    "def sample(",
+    "torchrun",
+    *_DISTRIBUTED_MARKERS,
+    *_DDP_MARKERS,
+    *_FSDP_MARKERS,
+    *_TRACKER_MARKERS.values(),
+)
+
+
+def _facts(text: str, python: bool) -> frozenset[str]:
+    """The markers `text` holds, and "residue" and "todo" where it has them (once a text)."""
+    key = (text, python)
+    if key not in _FACTS:
+        facts = {marker for marker in _MARKERS if marker in text}
+        if RESIDUE.search(text):
+            facts.add("residue")
+        if "REPLACE ME" in text or "TODO" in text:
+            facts.add("todo")
+        _FACTS[key] = frozenset(facts)
+    return _FACTS[key]
+
+
+_FACTS: dict[tuple[str, bool], frozenset[str]] = {}
 
 
 def _compile_error(source: str) -> str | None:
@@ -173,3 +220,74 @@ def _compile_error(source: str) -> str | None:
 
 
 _COMPILED: dict[bytes, str | None] = {}
+
+
+def lint_renders(renders: Renders, combos: Sequence[dict[str, Any]]) -> list[list[str]]:
+    """Each combination's lint problems, with ruff run on each distinct Python text once.
+
+    Every file's text depends on a few answers only, so the thousands of renders hold a few
+    thousand distinct texts of their Python files. Variant k of each path goes into layer k, a
+    folder laid out as a project with the project's ruff settings (the same in every render:
+    checked), and both ruff commands run once over all the layers."""
+    flagged = _ruff_texts(renders)
+    result = []
+    for i, answers in enumerate(combos):
+        files = renders.files[i]
+        problems = [
+            f"`{command}` failed:\n{said}"
+            for path, key in sorted(files.items())
+            for command, said in flagged.get((path, key), [])
+        ]
+        result.append(problems + rendered_problems(renders.of(i), answers))
+    return result
+
+
+def _ruff_texts(renders: Renders) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """{(path, text digest): [(ruff command, what it said)]} for each text ruff finds fault with."""
+    variants: dict[str, list[str]] = {}
+    for files in renders.files:
+        for path, key in files.items():
+            if path.endswith(".py") and key not in variants.setdefault(path, []):
+                variants[path].append(key)
+    settings = {_ruff_settings(renders.texts[f["pyproject.toml"]]) for f in renders.files}
+    if len(settings) > 1:
+        raise ScaffoldError("the renders' pyproject.toml differ in their ruff settings")
+    pyproject = renders.texts[renders.files[0]["pyproject.toml"]] if renders.files else ""
+    layers = max((len(keys) for keys in variants.values()), default=0)
+    found: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    with tempfile.TemporaryDirectory(prefix="scaffold-lint-") as scratch:
+        root = Path(scratch)
+        where: dict[str, tuple[str, str]] = {}  # a layer's file: (path, digest)
+        for k in range(layers):
+            layer = root / f"L{k:04d}"
+            layer.mkdir()
+            (layer / "pyproject.toml").write_text(pyproject, encoding="utf-8")
+            for path, keys in variants.items():
+                if k < len(keys):
+                    target = layer / path
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_text(renders.texts[keys[k]], encoding="utf-8")
+                    where[f"L{k:04d}/{path}"] = (path, keys[k])
+        for command in RUFF:
+            result = _ruff([*command, "."], root)
+            if result.returncode == 0:
+                continue
+            said = result.stdout + result.stderr
+            named = [name for name in where if _says(said, name)]
+            if not named:
+                raise ScaffoldError(f"`{' '.join(command)}` failed on no file:\n{said[-2000:]}")
+            for name in named:
+                lines = [line for line in said.splitlines() if name in line]
+                found.setdefault(where[name], []).append((" ".join(command[:2]), "\n".join(lines)))
+    return found
+
+
+def _says(output: str, name: str) -> bool:
+    """Whether ruff's `output` names the file `name` (at a line's start or after a space)."""
+    return re.search(rf"(^|\s){re.escape(name)}(:|\s|$)", output, re.MULTILINE) is not None
+
+
+def _ruff_settings(pyproject: str) -> str:
+    """The [tool.ruff...] tables of a pyproject.toml's text."""
+    tables = re.split(r"(?m)^(?=\[)", pyproject)
+    return "".join(t for t in tables if t.startswith("[tool.ruff"))
