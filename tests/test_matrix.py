@@ -300,7 +300,7 @@ def test_a_cross_imports_its_project_and_fails_on_a_module_that_does_not_load(tm
     assert good.passed, good.tail()
     assert set(good.seconds) == {"render", "lint", "check"}  # no prepare, no check run
 
-    tracker = template / "trackers" / "wandb.py.jinja"
+    tracker = template / "trackers" / "wandb" / "runtime" / "tracking.py.jinja"
     tracker.write_text(tracker.read_text() + '\n\n_missing = __import__("no_such_module")\n')
     bad = runner._run_one(_cross_job(tmp_path / "bad", template))
 
