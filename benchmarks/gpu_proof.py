@@ -62,7 +62,7 @@ sys.path.insert(0, str(ROOT))
 
 from scaffold import _compat  # noqa: E402
 from scaffold.combinations import all_combinations, combination_id  # noqa: E402
-from scaffold.matrix.twins import finetune_primary_of, primary_of, streaming_primary_of  # noqa: E402
+from scaffold.matrix.plan import proving  # noqa: E402
 from scaffold.questions import package_name, template_dir  # noqa: E402
 
 BUDGET = 450.0  # seconds for every part together: 8 minutes less the start-up around them
@@ -114,18 +114,11 @@ class Part:
 
 
 def cuda_primaries() -> list[dict[str, Any]]:
-    """The matrix's combinations with device cuda that are their own primary when the checks run
-    on the project's own device (scaffold.matrix.twins: tracker none; a finetune one, no
-    accumulation too; a streaming one, one a task and distributed answer), less those copier's
-    validators refuse."""
-
-    def primary(answers: dict[str, Any]) -> dict[str, Any]:
-        if answers.get("streaming"):
-            return streaming_primary_of(answers, native_device=True)
-        of = finetune_primary_of if answers.get("finetune") else primary_of
-        return of(answers, native_device=True)
-
-    combos = [a for a in all_combinations() if a.get("device") == "cuda" and primary(a) == a]
+    """The matrix's combinations with device cuda that are a primary when the checks run on the
+    project's own device (scaffold.matrix.plan: the device is a base answer there), less those
+    copier's validators refuse."""
+    cuda = [a for a in all_combinations() if a.get("device") == "cuda"]
+    combos = [a for a in cuda if proving(a, native_device=True)]
     validate = _compat.answer_validator(template_dir())
     return spread([answers for answers in combos if validate(answers) is None])
 

@@ -274,8 +274,8 @@ def matrix_(
         bool,
         typer.Option(
             "--full",
-            help="Run every check on every combination, twins too (default: a twin, which "
-            "differs from its primary only in tracker or device, runs check resume)",
+            help="Run check all on every combination (default: the plan of "
+            "scaffold/matrix/plan.py, from each answer's declaration)",
         ),
     ] = False,
 ) -> int:
@@ -283,8 +283,8 @@ def matrix_(
     from scaffold import matrix
 
     combos = matrix.select(matrix.combinations(), only or [])
-    if shard:  # whole families: each twin's primary in its shard
-        combos = matrix.shard(combos, shard, key=matrix.family)
+    if shard:
+        combos = matrix.shard(combos, shard)
     if list_:
         for answers in combos:
             print(" ".join(f"{k}={matrix.spelling(v)}" for k, v in answers.items()))

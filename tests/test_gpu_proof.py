@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from scaffold.combinations import combination_id, values, varied_questions
+from scaffold.matrix import plan
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "benchmarks" / "gpu_proof.py"
@@ -44,22 +45,21 @@ def test_the_plan_holds_every_cuda_primary_the_mfu_run_find_batch_size_ddp_and_f
             planned[part].append(text)
     assert list(planned) == ["mfu", "find-batch-size", "ddp", "fsdp", "matrix"]
 
-    # Every cuda primary: device cuda, tracker none, each value of every other question (no
-    # validator refuses a cuda combination), each once; a finetune one without accumulation; a
-    # streaming one a task and distributed answer (fp32, no compile, no finetune, accumulation 1).
+    # Every cuda combination that is a primary when checked on its own device (the device a base
+    # answer, read by every answer): each base primary (tracker none) and each answer's primaries.
     questions = varied_questions()
-    fixed = {"tracker": ("none",), "device": ("cuda",)}
-    streaming = {"precision": "fp32", "compile": False, "finetune": False, "grad_accum_steps": 1}
-    expected = {
-        combination_id(answers)
-        for product in itertools.product(*(fixed.get(q.name) or values(q) for q in questions))
-        if (answers := dict(zip([q.name for q in questions], product, strict=True)))
-        and (not answers["finetune"] or answers["grad_accum_steps"] == 1)
-        and (not answers["streaming"] or answers.items() >= streaming.items())
-    }
+    cuda = [
+        answers
+        for product in itertools.product(*(values(q) for q in questions))
+        if (answers := dict(zip([q.name for q in questions], product, strict=True)))["device"]
+        == "cuda"
+    ]
+    expected = {combination_id(a) for a in cuda if plan.proving(a, native_device=True)}
     matrix = planned["matrix"][1:]
-    assert len(matrix) == len(expected) == 180 + 90 + 15
-    assert set(matrix) == expected
+    assert set(matrix) == expected and len(matrix) == len(expected)
+    base = {"tracker": "none", "compile": False, "grad_accum_steps": 1, "finetune": False}
+    bases = [a for a in cuda if a.items() >= {**base, "streaming": False}.items()]
+    assert len(bases) == 5 * 3 * 3 and {combination_id(a) for a in bases} <= expected
 
     assert planned["mfu"] == [f"{sys.executable} {REPO / 'benchmarks' / 'gpu_throughput.py'}"]
     assert "find-batch-size" in planned["find-batch-size"][0]

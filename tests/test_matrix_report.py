@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from scaffold.matrix import report
 from scaffold.matrix.runner import Outcome
-from scaffold.matrix.twins import Plan
+from scaffold.matrix.plan import Plan
 
 
 def _outcome(tracker: str, which: str, seconds: float, passed: bool = True) -> Outcome:

@@ -3,6 +3,8 @@ residue, and holds no code for the options not chosen."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from scaffold.matrix import (
@@ -12,8 +14,8 @@ from scaffold.matrix import (
     combinations,
     lint_problems,
 )
-from scaffold.matrix.lint import lint_many
-from scaffold.matrix.twins import STREAMING_PRIMARY
+from scaffold.matrix.files import FileRenderer, Renders, render_many
+from scaffold.matrix.lint import lint_many, lint_renders
 from scaffold.render import new_project
 
 ALL = combinations()
@@ -29,7 +31,8 @@ def _fast_subset() -> list[dict]:
         for c in ALL
         if c["task"] == "classification" and c["tracker"] == "none" and not c.get("streaming")
     ]
-    streaming = {**STREAMING_PRIMARY, "device": "cpu", "streaming": True}
+    cheapest = {"tracker": "none", "precision": "fp32", "compile": False, "finetune": False}
+    streaming = {**cheapest, "grad_accum_steps": 1, "device": "cpu", "streaming": True}
     primaries = [c for c in ALL if c.items() >= streaming.items()]
     pairs = sorted({(c["task"], c["tracker"]) for c in ALL})
     subset = [*loop, *primaries]
@@ -43,15 +46,54 @@ FAST = _fast_subset()
 REST = [c for c in ALL if c not in FAST]
 
 
-@pytest.mark.parametrize(
-    "answers",
-    [*FAST, *(pytest.param(c, marks=pytest.mark.matrix) for c in REST)],
-    ids=combination_id,
-)
-def test_renders_lint_clean_without_residue(answers, tmp_path):
-    project = new_project(tmp_path / LONGEST_NAME, answers, git=False).path
+def _named(combos):
+    return [{**c, "project_name": LONGEST_NAME} for c in combos]
 
-    assert lint_problems(project, answers) == []
+
+def test_renders_lint_clean_without_residue():
+    """A fast subset here; `pytest -m matrix` and `scaffold matrix` lint every combination."""
+    combos = _named(FAST)
+    assert lint_renders(render_many(combos), combos) == [[]] * len(combos)
+
+
+@pytest.mark.matrix
+def test_every_combination_renders_lint_clean_without_residue():
+    combos = _named(ALL)
+    problems = lint_renders(render_many(combos, jobs=os.cpu_count() or 1), combos)
+    failing = {combination_id(c): p for c, p in zip(combos, problems, strict=True) if p}
+    assert not failing
+
+
+@pytest.mark.parametrize("i", [0, len(ALL) // 3, -1])
+def test_the_file_renderer_renders_what_copier_renders(tmp_path, i):
+    answers = {**ALL[i], "project_name": "my-run"}
+    project = new_project(tmp_path / "my-run", answers, git=False).path
+    on_disk = {
+        p.relative_to(project).as_posix(): p.read_text(encoding="utf-8")
+        for p in project.rglob("*")
+        if p.is_file()
+    }
+    assert FileRenderer().render(answers) == on_disk
+
+
+def test_a_faulty_text_fails_every_combination_that_has_it_and_no_other():
+    combos = _named([ALL[0], {**ALL[0], "tracker": "wandb"}, {**ALL[0], "compile": True}])
+    renders = render_many(combos)
+    config = next(p for p in renders.files[1] if p.endswith("/config.py"))
+    faulty = renders.texts[renders.files[1][config]] + "\nimport os\n"  # unused, not at the top
+    changed = Renders(
+        texts={**renders.texts, "faulty": faulty},
+        files=[renders.files[0], {**renders.files[1], config: "faulty"}, renders.files[2]],
+    )
+
+    problems = lint_renders(changed, combos)
+
+    assert problems[0] == problems[2] == []
+    assert [p.split("\n")[0] for p in problems[1]] == [
+        "`ruff check` failed:",
+        "`ruff format` failed:",
+    ]
+    assert "F401" in problems[1][0] and config in problems[1][0]
 
 
 def test_lint_finds_code_of_an_option_not_chosen(tmp_path):

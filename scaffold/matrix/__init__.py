@@ -1,10 +1,11 @@
 """The combination matrix: every valid combination of answers, rendered, linted and checked.
 
     combinations (scaffold.combinations)  which combinations: enumerated, selected, sharded
+    files                                 every file of a render, in memory
     lint                                  a render as rendered: ruff, residue, absent options
     runner                                render, lint and check each, `jobs` at a time
     fork                                  a check forked from a warm worker, as python -m runs
-    twins                                 which checks: all, a twin's check resume, a cross's --help
+    plan                                  which checks, planned from each answer's declaration
     report                                progress lines, the summary table, JUnit XML
 
 `scaffold matrix` is the command line over `run_matrix`.
@@ -31,7 +32,7 @@ from scaffold.matrix.runner import (
     run_matrix,
     schedule,
 )
-from scaffold.matrix.twins import Plan, family, plans, primary_of
+from scaffold.matrix.plan import Plan, declarations, plans, proving
 
 __all__ = [
     "CHECK_SIZES",
@@ -46,11 +47,11 @@ __all__ = [
     "check_sizes",
     "combination_id",
     "combinations",
-    "family",
+    "declarations",
     "forking_supported",
     "lint_problems",
     "plans",
-    "primary_of",
+    "proving",
     "progress_line",
     "run_matrix",
     "schedule",

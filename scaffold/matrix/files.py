@@ -147,13 +147,18 @@ def _render_chunk(
     for answers in combos:
         rendered = {}
         for path, text in renderer.render(answers).items():
-            key = hashlib.sha256(text.encode()).hexdigest()[:20]
+            key = digest_text(text)
             rendered[path] = key
             if key not in sent:
                 sent.add(key)
                 texts[key] = text
         files.append(rendered)
     return texts, files
+
+
+def digest_text(text: str) -> str:
+    """A text's name in Renders.texts."""
+    return hashlib.sha256(text.encode()).hexdigest()[:20]
 
 
 def digest(files: dict[str, str]) -> str:

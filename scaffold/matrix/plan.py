@@ -18,7 +18,8 @@ answers it reads are (import lines aside: see the last rule).
   module of it renders a text that no combination before it in the plan loaded; the rest are
   rendered and linted only: each of their modules' texts is loaded elsewhere, word for word.
 
-With `native_device` each project checks on its own device: the device is then a base answer.
+With `native_device` each project checks on its own device: the device is then a base answer,
+read by every answer (each answer's primaries run on each device).
 A slice (`--only`, `--shard`) runs the plans its combinations have; their `--help` is decided among
 its own combinations. Adding an answer adds its primaries: the values of what it reads, times its
 own values away from the primary (python -m scaffold.matrix.plan prints each answer's count).
@@ -38,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from scaffold.combinations import combination_id, combinations, varied_questions, values
+from scaffold.combinations import combinations, values, varied_questions
 from scaffold.questions import template_dir
 
 CROSS_CHECK = "import"  # not a project check: its `--help`
@@ -104,7 +105,9 @@ class Plan:
             return "--help"
         if self.which == LINT_ONLY:
             return "no check (lint only)"
-        steps = ", ".join(w if w == SOURCE_TRAIN else f"check {w}" for w in (self.which, *self.then))
+        steps = ", ".join(
+            w if w == SOURCE_TRAIN else f"check {w}" for w in (self.which, *self.then)
+        )
         return steps + (f" ({self.primary}'s primary)" if self.primary else "")
 
 
@@ -136,7 +139,7 @@ def proving(
         return ["base"]
     found = []
     for name in away_of_primary:
-        reads = set(declared[name].reads)
+        reads = set(declared[name].reads) | ({"device"} if native_device else set())
         if away <= reads | {name}:
             found.append(name)
     return [name for name in declared if name in found]

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 from xml.etree import ElementTree
 
-from scaffold.matrix.twins import CROSS_CHECK, LINT_ONLY
+from scaffold.matrix.plan import CROSS_CHECK, LINT_ONLY
 
 if TYPE_CHECKING:
     from scaffold.matrix.runner import Outcome

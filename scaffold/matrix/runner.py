@@ -1,8 +1,11 @@
 """The matrix's runner: each combination rendered, linted and checked, `jobs` at a time.
 
-Each worker process imports torch (and the rest of fork.PRELOAD) once; each check then runs the
-project's `python -m <pkg> check all` in a process forked from that worker (scaffold.matrix.fork),
-or, with `fresh` or where forking is not safe, as a fresh interpreter.
+Every combination is first rendered file by file in memory (scaffold.matrix.files) and linted,
+each distinct text once (scaffold.matrix.lint.lint_renders); its plan (scaffold.matrix.plan) then
+says whether copier renders it into a folder to run a check or its --help. Each worker process
+imports torch (and the rest of fork.PRELOAD) once; each check then runs the project's
+`python -m <pkg> check all` in a process forked from that worker (scaffold.matrix.fork), or, with
+`fresh` or where forking is not safe, as a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -29,14 +32,14 @@ from scaffold.check import check_command, ci_passed, project_package
 from scaffold.combinations import combination_id
 from scaffold.errors import ScaffoldError
 from scaffold.matrix import fork
-from scaffold.matrix.lint import lint_many
-from scaffold.matrix.twins import (
+from scaffold.matrix.files import Renders, digest_text, render_many
+from scaffold.matrix.lint import lint_renders
+from scaffold.matrix.plan import (
     CROSS_CHECK,
     LINT_ONLY,
     SOURCE_RUN,
     SOURCE_STEPS,
     SOURCE_TRAIN,
-    TWIN_CHECK,
     Plan,
     plans,
 )
@@ -136,7 +139,7 @@ class Outcome:
     step: str  # the step that failed, or "check" (the last) when all passed
     seconds: dict[str, float]  # per step run
     output: str  # the failing step's output (empty when passed)
-    plan: Plan  # the checks it ran: all, or a twin's
+    plan: Plan  # the checks it ran (scaffold.matrix.plan)
     project: Path | None = None  # kept when it failed
     notes: list[str] = dataclasses.field(default_factory=list)  # close calls reported (ci_verdict)
 
@@ -165,6 +168,7 @@ class Job:
     keep: bool  # keep the project when it passes
     timeout: float | None
     fork: bool  # run the check in a process forked from the worker, else a fresh interpreter
+    files: dict[str, str] = dataclasses.field(default_factory=dict)  # path: digest, as linted
 
 
 def run_matrix(
@@ -182,11 +186,11 @@ def run_matrix(
 ) -> list[Outcome]:
     """Render, lint and check each combination, `jobs` at a time (default: the CPU count).
 
-    Primaries run `check all`, twins `check resume` (scaffold.matrix.twins), every combination
-    `check all` with `full`. Checks run on the CPU (`--device cpu`) unless `native_device`; a
-    check that runs past
-    `timeout` seconds is stopped and fails. Projects that pass are
-    deleted unless `keep`; a failing one stays, under `workdir`. Outcomes keep `combos`' order.
+    Every combination is rendered and linted; each then runs its plan (scaffold.matrix.plan):
+    `check all`, an answer's proving checks, its --help, or nothing more; with `full`, `check all`
+    everywhere. Checks run on the CPU (`--device cpu`) unless `native_device`; a check that runs
+    past `timeout` seconds is stopped and fails. Projects that pass are deleted unless `keep`; a
+    failing one stays, under `workdir`. Outcomes keep `combos`' order.
 
     Each worker imports torch (and the rest of fork.PRELOAD) once; each check then runs the
     project's `python -m <pkg> check all` in a process forked from that worker, ddp ones as two
@@ -205,9 +209,22 @@ def run_matrix(
     os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     forked = not fresh and fork.forking_supported()
-    work = [
-        Job(
-            answers=dict(c),
+    named = [{**c, "project_name": LONGEST_NAME} for c in combos]
+    started = time.perf_counter()
+    renders = render_many(named, jobs=jobs, template=template)
+    rendered = time.perf_counter()
+    problems = lint_renders(renders, named)
+    linted = time.perf_counter()
+    share = {  # job-seconds a combination, the phases' wall time shared out
+        "render": (rendered - started) * jobs / max(1, len(combos)),
+        "lint": (linted - rendered) / max(1, len(combos)),
+    }
+    checks = plans(combos, native_device=native_device, full=full, modules=renders.modules())
+    outcomes: dict[int, Outcome] = {}
+    work: dict[int, Job] = {}
+    for i, (answers, plan) in enumerate(zip(combos, checks, strict=True)):
+        job = Job(
+            answers=dict(answers),
             plan=plan,
             folder=workdir / f"{i:04d}",
             template=template,
@@ -216,35 +233,62 @@ def run_matrix(
             keep=keep,
             timeout=timeout,
             fork=forked,
+            files=renders.files[i],
         )
-        for i, (c, plan) in enumerate(
-            zip(combos, plans(combos, native_device=native_device, full=full), strict=True)
-        )
-    ]
-    outcomes: dict[int, Outcome] = {}
+        if problems[i]:
+            outcomes[i] = _failed(job, dict(share), "lint", "\n".join(problems[i]))
+            _write(renders, i, _project(job))
+        elif plan.which == LINT_ONLY:
+            outcomes[i] = Outcome(
+                answers=job.answers,
+                passed=True,
+                step="check",
+                seconds=dict(share),
+                output="",
+                plan=plan,
+            )
+        else:
+            work[i] = job
+    done = 0
+    for i in sorted(outcomes):
+        done += 1
+        on_done(outcomes[i], done, len(combos))
     with concurrent.futures.ProcessPoolExecutor(
         max_workers=jobs,
         mp_context=WORKER_START,
         initializer=_start_worker,
-        initargs=(threads, forked, forked and any(c.get("compile") for c in combos)),
+        initargs=(threads, forked, forked and any(w.answers.get("compile") for w in work.values())),
     ) as pool:
-        order = schedule(combos, [job.plan for job in work])
+        indexes = sorted(work)
+        order = [
+            indexes[k] for k in schedule([combos[i] for i in indexes], [checks[i] for i in indexes])
+        ]
         futures = {
             pool.submit(_run_batch, [work[i] for i in batch]): batch
-            for batch in batches(order, [job.plan for job in work])
+            for batch in batches(order, checks)
         }
         try:
             for future in concurrent.futures.as_completed(futures):
                 for i, outcome in zip(futures[future], future.result(), strict=True):
+                    outcome.seconds = {**share, **outcome.seconds}
                     outcomes[i] = outcome
-                    on_done(outcome, len(outcomes), len(work))
+                    done += 1
+                    on_done(outcome, done, len(combos))
         except KeyboardInterrupt:
             for future in futures:
                 future.cancel()
             raise
     if own_workdir and not keep and all(o.passed for o in outcomes.values()):
         shutil.rmtree(workdir, ignore_errors=True)
-    return [outcomes[i] for i in range(len(work))]
+    return [outcomes[i] for i in range(len(combos))]
+
+
+def _write(renders: Renders, i: int, project: Path) -> None:
+    """Lay combination i's render out in `project`, to look at where its lint failed."""
+    for path, text in renders.of(i).items():
+        target = project / path
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
 
 
 def _start_worker(threads: int, preload: bool, warm_compiler: bool) -> None:
@@ -272,36 +316,31 @@ COMPILE_FAMILY = ("task", "precision", "distributed")
 
 def schedule(combos: Sequence[dict[str, Any]], checks: Sequence[Plan] | None = None) -> list[int]:
     """The order combinations start in, the slow first so that the last to finish are short: the
-    first compiling `check all` of each family (each family's kernels compile once, while the
-    other jobs compile other families), then the other `check all`s, then the twins' checks."""
+    first compiling check of each family (each family's kernels compile once, while the other jobs
+    compile other families), then the other `check all`s, then the other checks, the --help last."""
     checks = checks or [Plan(which="all", options={})] * len(combos)
     seen: set[tuple[Any, ...]] = set()
-    first, full, twins = [], [], []
+    first, rest = [], []
     for i, (answers, plan) in enumerate(zip(combos, checks, strict=True)):
         family = tuple(answers.get(k) for k in COMPILE_FAMILY)
-        if plan.primary:
-            twins.append(i)
-        elif answers.get("compile") and family not in seen:
+        if plan.which != CROSS_CHECK and answers.get("compile") and family not in seen:
             seen.add(family)
             first.append(i)
         else:
-            full.append(i)
-    # the resume checks before the crosses' imports
-    twins.sort(key=lambda i: checks[i].which != TWIN_CHECK)
-    return first + full + twins
+            rest.append(i)
+    rest.sort(key=lambda i: (checks[i].which == CROSS_CHECK, checks[i].which != "all"))
+    return first + rest
 
 
-# Combinations that are linted only, or run their --help, go to a worker BATCH at a time: rendered
-# one by one, linted together (each ruff command started once for the batch, not twice a
-# combination), then run. The checks, seconds to minutes each, go one at a time, so that the
-# jobs finish together.
+# The --help combinations go to a worker BATCH at a time; the checks, seconds to minutes each, go
+# one at a time, so that the jobs finish together.
 BATCH = 32
-BATCHED = (LINT_ONLY, CROSS_CHECK)
+BATCHED = (CROSS_CHECK,)
 
 
 def batches(order: Sequence[int], checks: Sequence[Plan]) -> list[list[int]]:
     """`order` (indexes into `checks`) cut into what each worker task runs: a combination that
-    runs a check alone, the lint-only and --help ones BATCH at a time, in order."""
+    runs a check alone, the --help ones BATCH at a time, in order."""
     result: list[list[int]] = []
     batch: list[int] = []
     for i in order:
@@ -316,41 +355,45 @@ def batches(order: Sequence[int], checks: Sequence[Plan]) -> list[list[int]]:
 
 
 def _run_one(job: Job) -> Outcome:
-    """Render, lint and check one combination (in a worker process)."""
+    """Render and check one combination (in a worker process)."""
     return _run_batch([job])[0]
 
 
 def _run_batch(jobs: Sequence[Job]) -> list[Outcome]:
-    """Render, lint and check each of `jobs` (in a worker process), in order: rendered one by one,
-    linted together (scaffold.matrix.lint.lint_many: each ruff command started once for all),
-    then checked one by one."""
+    """Render each of `jobs` with copier (in a worker process), hold it to the texts the matrix
+    linted (job.files), and run its plan."""
     from scaffold.render import new_project  # copier and torch load once per worker
 
-    outcomes: list[Outcome | None] = []
-    seconds: list[dict[str, float]] = []
+    outcomes = []
     for job in jobs:
         shutil.rmtree(job.folder, ignore_errors=True)
-        seconds.append({})
+        seconds: dict[str, float] = {}
         start = time.perf_counter()
         try:
             with contextlib.redirect_stdout(sys.stderr):
                 new_project(_project(job), job.answers, git=False, template=job.template)
-            outcomes.append(None)
         except ScaffoldError as err:
-            outcomes.append(_failed(job, seconds[-1], "render", str(err)))
-        seconds[-1]["render"] = time.perf_counter() - start
+            outcomes.append(_failed(job, seconds, "render", str(err)))
+            continue
+        seconds["render"] = time.perf_counter() - start
+        if job.files and (differ := _differs(_project(job), job.files)):
+            said = "copier rendered other texts than the matrix linted: " + ", ".join(differ)
+            outcomes.append(_failed(job, seconds, "render", said))
+            continue
+        outcomes.append(_check(job, seconds))
+    return outcomes
 
-    rendered = [i for i, outcome in enumerate(outcomes) if outcome is None]
-    start = time.perf_counter()
-    problems = lint_many([(_project(jobs[i]), jobs[i].answers) for i in rendered])
-    share = (time.perf_counter() - start) / max(1, len(rendered))  # the batch's lint, shared out
-    for i, found in zip(rendered, problems, strict=True):
-        seconds[i]["lint"] = share
-        if found:
-            outcomes[i] = _failed(jobs[i], seconds[i], "lint", "\n".join(found))
-        else:
-            outcomes[i] = _check(jobs[i], seconds[i])
-    return [outcome for outcome in outcomes if outcome is not None]
+
+def _differs(project: Path, files: dict[str, str]) -> list[str]:
+    """The paths whose text in `project` is not the one `files` has the digest of."""
+    found = {
+        p.relative_to(project).as_posix(): digest_text(p.read_text(encoding="utf-8"))
+        for p in project.rglob("*")
+        if p.is_file()
+    }
+    return sorted(
+        path for path in found.keys() | files.keys() if found.get(path) != files.get(path)
+    )
 
 
 def _project(job: Job) -> Path:
@@ -387,7 +430,7 @@ def _check(job: Job, seconds: dict[str, float]) -> Outcome:
             notes=notes,
         )
 
-    if job.plan.which == LINT_ONLY:  # every line of it runs elsewhere (scaffold.matrix.twins)
+    if job.plan.which == LINT_ONLY:  # every line of it runs elsewhere (scaffold.matrix.plan)
         return passed(notes=[])
 
     forked = job.fork and not _gpu_present()
