@@ -52,16 +52,19 @@ def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=
         mark("forward")
         # with several processes, gradients are averaged across them on the last micro-batch only
         with distributed.gradient_sync(engine.forward, last=i == cfg.grad_accum_steps - 1):
-            output = engine.forward(x)
+            with engine.autocast():  # bf16 or fp16 where asked; the loss in fp32
+                output = engine.forward(x)
             loss = compute_loss(output, y)
             if cfg.grad_accum_steps > 1:  # one more operation forward and backward: not for one
                 loss = loss / cfg.grad_accum_steps
             mark("backward")
-            loss.backward()
+            engine.scaler.scale(loss).backward()  # fp16: scaled up, so small gradients stay above 0
         losses.append(loss.detach())
     mark("optimizer")
+    engine.scaler.unscale_(engine.optimizer)  # clip the true gradients, not the scaled ones
     grad_norm = distributed.clip_grad_norm(engine.params, cfg.grad_clip)
-    engine.optimizer.step()
+    engine.scaler.step(engine.optimizer)  # fp16: skipped if the gradients overflowed; the scale then shrinks
+    engine.scaler.update()
     engine.optimizer.zero_grad(set_to_none=True)
     engine.scheduler.step()  # once an optimizer step, not a micro-batch
     mark("done")
@@ -76,7 +79,8 @@ def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, 
     batches = announced(loader, "validating") if distributed.is_main_process() else loader
     for x, y in batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        output = engine.forward(x)
+        with engine.autocast():
+            output = engine.forward(x)
         metrics.update(output, y, compute_loss(output, y))
     engine.model.train()
     distributed.all_reduce_sum(metrics.sums)  # each rank evaluated its share of the batches
@@ -84,8 +88,9 @@ def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, 
     return metrics.compute()
 
 
-def log_train(loop: Loop, progress: Progress, loss: float, lr: float, grad_norm: float) -> None:
-    """A train record in metrics.jsonl and on the console; a NaN loss stops the run first."""
+def log_train(loop: Loop, progress: Progress, loss: float, lr: float, grad_norm: float, **counts) -> None:
+    """A train record in metrics.jsonl and on the console, with `counts` (fp16: the GradScaler's
+    skipped_steps); a NaN loss stops the run first."""
     step = loop.state.step
     if not math.isfinite(loss):  # recorded for diagnose (the lr and grad norm), raised before a checkpoint
         loop.run.log(step=step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
@@ -93,7 +98,7 @@ def log_train(loop: Loop, progress: Progress, loss: float, lr: float, grad_norm:
             f"loss is {loss} at step {step}: lower --lr, check the precision"
             " (fp16 overflows where bf16 does not), and inspect the data (inspect-data)"
         )
-    loop.run.log(step=step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
+    loop.run.log(step=step, split="train", loss=loss, lr=lr, grad_norm=grad_norm, **counts)
     progress.log(step, loss, lr, grad_norm)
 
 
@@ -121,6 +126,7 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
     """The steps to cfg.max_steps or an early or signalled stop; returns the summary and last checkpoint."""
     cfg, engine, state, waits = loop.cfg, loop.engine, loop.state, loop.waits
     engine.model.train()
+    counts = {}  # a train record's counts besides the loss (fp16: the steps the GradScaler skipped)
     started, first_step, stop, signum, saved = time.perf_counter(), state.step, False, 0, None
     ckpt_seconds = cfg.ckpt_minutes * 60 or math.inf  # 0: by --ckpt-every steps alone
     due = started + ckpt_seconds  # the next checkpoint by the clock, whatever the step
@@ -137,7 +143,7 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
         save = state.step % cfg.ckpt_every == 0 or last or signum or overdue
         if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
             loss = distributed.all_reduce_sum(loss) / loop.group.world_size  # over every rank's examples
-            log_train(loop, progress, loss.item(), lr, grad_norm.item())
+            log_train(loop, progress, loss.item(), lr, grad_norm.item(), **counts)
         waits.steps += time.perf_counter() - step_started  # to the logging sync; not validation
         if state.step % eval_every == 0 or last:
             # every validation is recorded; its line is printed at most once in --log-every steps

@@ -29,7 +29,7 @@ from .model import Metrics, compute_loss
 from .runtime import device as hardware
 from .runtime import distributed
 from .runtime.checkpoint import CheckpointDir
-from .runtime.engine import AMP_DTYPE, PRECISION, Engine, setup
+from .runtime.engine import PRECISION, Engine, setup
 from .runtime.loader import build_loaders, close
 from .runtime.progress import Progress, announced
 from .runtime.resume import check_checkpoints_kept, payload, restore_run, set_rng_state
@@ -56,19 +56,19 @@ def train_step(engine: Engine, batches, cfg: Config, device: torch.device, mark=
         mark("forward")
         # with several processes, gradients are averaged across them on the last micro-batch only
         with distributed.gradient_sync(engine.forward, last=i == cfg.grad_accum_steps - 1):
-            with torch.autocast(device.type, dtype=AMP_DTYPE):
+            with engine.autocast():  # bf16 or fp16 where asked; the loss in fp32
                 output = engine.forward(x)
             loss = compute_loss(output, y)
             if cfg.grad_accum_steps > 1:  # one more operation forward and backward: not for one
                 loss = loss / cfg.grad_accum_steps
             mark("backward")
-            engine.scaler.scale(loss).backward()
+            engine.scaler.scale(loss).backward()  # fp16: scaled up, so small gradients stay above 0
         losses.append(loss.detach())
     mark("optimizer")
     engine.freezing.drop_gradients()  # --freeze: no update and no weight decay until --unfreeze-at
     engine.scaler.unscale_(engine.optimizer)  # clip the true gradients, not the scaled ones
     grad_norm = distributed.clip_grad_norm(engine.params, cfg.grad_clip)
-    engine.scaler.step(engine.optimizer)  # skipped when the gradients overflowed; the scale then shrinks
+    engine.scaler.step(engine.optimizer)  # fp16: skipped if the gradients overflowed; the scale then shrinks
     engine.scaler.update()
     engine.ema.update(grad_norm)  # --ema: the weights' moving average, of the steps with finite gradients
     engine.optimizer.zero_grad(set_to_none=True)
@@ -85,7 +85,7 @@ def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, 
     batches = announced(loader, "validating") if distributed.is_main_process() else loader
     for x, y in batches:
         x, y = x.to(device, non_blocking=True), y.to(device, non_blocking=True)
-        with torch.autocast(device.type, dtype=AMP_DTYPE):
+        with engine.autocast():
             output = engine.forward(x)
         metrics.update(output, y, compute_loss(output, y))
     engine.model.train()
@@ -94,8 +94,9 @@ def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, 
     return metrics.compute()
 
 
-def log_train(loop: Loop, progress: Progress, loss: float, lr: float, grad_norm: float, skipped: int) -> None:
-    """A train record in metrics.jsonl and on the console; a NaN loss stops the run first."""
+def log_train(loop: Loop, progress: Progress, loss: float, lr: float, grad_norm: float, **counts) -> None:
+    """A train record in metrics.jsonl and on the console, with `counts` (fp16: the GradScaler's
+    skipped_steps); a NaN loss stops the run first."""
     step = loop.state.step
     if not math.isfinite(loss):  # recorded for diagnose (the lr and grad norm), raised before a checkpoint
         loop.run.log(step=step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)
@@ -103,13 +104,14 @@ def log_train(loop: Loop, progress: Progress, loss: float, lr: float, grad_norm:
             f"loss is {loss} at step {step}: lower --lr, check the precision"
             " (fp16 overflows where bf16 does not), and inspect the data (inspect-data)"
         )
+    skipped = counts["skipped_steps"]
     if skipped > loop.state.skipped_steps:
         loop.say(
             f"step {step}: fp16 gradients overflowed, the GradScaler skipped"
             f" {skipped - loop.state.skipped_steps} steps ({skipped} in all) and lowered its scale"
         )
     loop.state.skipped_steps = skipped
-    loop.run.log(step=step, split="train", loss=loss, lr=lr, grad_norm=grad_norm, skipped_steps=skipped)
+    loop.run.log(step=step, split="train", loss=loss, lr=lr, grad_norm=grad_norm, **counts)
     progress.log(step, loss, lr, grad_norm)
 
 
@@ -138,6 +140,7 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
     """The steps to cfg.max_steps or an early or signalled stop; returns the summary and last checkpoint."""
     cfg, engine, state, waits = loop.cfg, loop.engine, loop.state, loop.waits
     engine.model.train()
+    counts = {}  # a train record's counts besides the loss (fp16: the steps the GradScaler skipped)
     skipped = torch.tensor(state.skipped_steps, device=loop.device)  # counted on the device: no sync
     started, first_step, stop, signum, saved = time.perf_counter(), state.step, False, 0, None
     ckpt_seconds = cfg.ckpt_minutes * 60 or math.inf  # 0: by --ckpt-every steps alone
@@ -158,7 +161,8 @@ def run_steps(loop: Loop, batches, val_loader, eval_every: int, progress: Progre
         save = state.step % cfg.ckpt_every == 0 or last or signum or overdue
         if state.step % cfg.log_every == 0 or save:  # the loop's only host syncs
             loss = distributed.mean_loss(loss)  # over every rank's examples
-            log_train(loop, progress, loss.item(), lr, grad_norm.item(), int(skipped.item()))
+            counts["skipped_steps"] = int(skipped.item())
+            log_train(loop, progress, loss.item(), lr, grad_norm.item(), **counts)
         waits.steps += time.perf_counter() - step_started  # to the logging sync; not validation
         if state.step % eval_every == 0 or last:
             # every validation is recorded; its line is printed at most once in --log-every steps
