@@ -123,9 +123,10 @@ def rendered_problems(texts: Mapping[str, str], answers: dict[str, Any]) -> list
     distributed = answers.get("distributed", "none")
     multi = distributed != "none"
     expect = [
-        ("GradScaler", precision == "fp16", "fp16"),
-        ("skipped_steps", precision == "fp16", "fp16"),  # the scaler's count, read by diagnose
-        ("autocast", precision != "fp32", "bf16 or fp16"),
+        # every render makes one autocast context and one GradScaler, enabled in fp16 alone
+        ("grad_scaler(device)", precision == "fp16", "fp16"),
+        ('counts["skipped_steps"]', precision == "fp16", "fp16"),  # the scaler's count
+        ("enabled=False", precision != "fp16", "fp32 or bf16"),
         ("torch.compile", bool(answers.get("compile")), "compile"),
         ("set_float32_matmul_precision", device == "cuda", "cuda"),
         ("largest_fitting", device != "cpu", "cuda or mps"),  # memory bounds no batch on a CPU
@@ -171,9 +172,9 @@ def rendered_problems(texts: Mapping[str, str], answers: dict[str, Any]) -> list
 
 # Every marker rendered_problems looks for in a text.
 _MARKERS = (
-    "GradScaler",
-    "skipped_steps",
-    "autocast",
+    "grad_scaler(device)",
+    'counts["skipped_steps"]',
+    "enabled=False",
     "torch.compile",
     "set_float32_matmul_precision",
     "largest_fitting",

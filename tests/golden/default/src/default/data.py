@@ -17,7 +17,7 @@ nothing else, so a dataset of your own works if it keeps to this):
   the stacked `(inputs, targets)` out), which keeps in-memory data fast; or `ds.collate(samples)`:
   how a list of `ds[i]` becomes a batch where stacking cannot (examples of different lengths).
 - Randomness inside a sample (augmentation, random crops) drawn from
-  `loader.sample_rng(seed, self.epoch, i)`, never from the global RNGs: the loader sets
+  `datatools.sample_rng(seed, self.epoch, i)`, never from the global RNGs: the loader sets
   `ds.epoch` before each batch, so the numbers stay the same for any number of workers and
   after a resume. Open files in `__getitem__`, not in `__init__`: each worker has its own copy.
 - `Splits.describe()`: the facts a resumed run must see again; `summarize(splits)`: what
@@ -35,8 +35,7 @@ from torch.utils.data import Dataset
 from . import columns
 from .columns import Column, DataError, note
 from .config import Config
-from .runtime.checkpoint import file_digest
-from .runtime.loader import read_batch
+from .datatools import read_batch
 
 TARGET_NAME = "label"
 # A label with more classes than this share of the training rows, or more than MAX_NUMBER_CLASSES
@@ -172,7 +171,7 @@ def read_source(cfg: Config) -> Table:
         note(f"{path}: column {column.name!r} {why}: left out of the features")
     if not features:
         raise DataError(f"{path}: no feature columns, only the {TARGET_NAME} {label!r}: need at least one")
-    digest = file_digest(path)[:16]  # as long as the checkpoints of earlier runs hold it
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()[:16]  # the length earlier runs' checkpoints hold
     return Table(features, target, ids, str(path), digest, others)
 
 

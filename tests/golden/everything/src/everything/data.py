@@ -21,7 +21,7 @@ nothing else, so a dataset of your own works if it keeps to this):
   the stacked `(inputs, targets)` out), which keeps in-memory data fast; or `ds.collate(samples)`:
   how a list of `ds[i]` becomes a batch where stacking cannot (examples of different lengths).
 - Randomness inside a sample (augmentation, random crops) drawn from
-  `loader.sample_rng(seed, self.epoch, i)`, never from the global RNGs: the loader sets
+  `datatools.sample_rng(seed, self.epoch, i)`, never from the global RNGs: the loader sets
   `ds.epoch` before each batch, so the numbers stay the same for any number of workers and
   after a resume. Open files in `__getitem__`, not in `__init__`: each worker has its own copy.
 - `Splits.describe()`: the facts a resumed run must see again; `summarize(splits)`: what
@@ -39,8 +39,8 @@ import torch
 from torch.utils.data import Dataset
 
 from .config import Config
+from .datatools import read_batch, sample_rng
 from .runtime import shards
-from .runtime.loader import read_batch, sample_rng
 
 SPLIT_SEED = 20240601  # fixed, so every run (whatever its --seed) validates on the same examples
 

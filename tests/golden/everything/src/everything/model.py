@@ -24,7 +24,7 @@ from torch import nn
 
 from .config import Config
 from .data import SequenceDataset, Splits
-from .runtime.loader import read_batch
+from .datatools import read_batch
 
 SAMPLED = 4096  # training examples initial_loss reads
 

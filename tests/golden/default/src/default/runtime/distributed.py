@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 
 from ..config import Config, ConfigError
-from .store import RunStore
 
 WORKER_START = None  # loader workers start as the platform starts processes (fork on Linux)
 
@@ -68,10 +67,6 @@ def resharding(saved_world: int, world_size: int, cfg: Config) -> str | None:
     if saved_world != world_size:
         raise ConfigError(f"{cfg.run_dir} holds a checkpoint of {saved_world} processes, not of this project")
     return None
-
-
-def stage_run(store: RunStore, group: Dist) -> None:
-    store.pull()
 
 
 def run_as_processes(processes: int, command) -> int:

@@ -2,24 +2,20 @@
 
 The order is a pure function of (seed, epoch); a resumed run skips exactly the batches it trained
 on. The loader sets `dataset.epoch` before each batch, so augmentation can key its randomness by
-(seed, epoch, index) with `sample_rng`: the same numbers for any number of workers, and on resume."""
+(seed, epoch, index) with `datatools.sample_rng`: the same numbers for any number of workers, and
+on resume."""
 
 import hashlib
 import random
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import Config, ConfigError
+from ..datatools import read_batch
 from .distributed import WORKER_START, Dist, init_distributed, validation_batches
 from .stopping import ignore_stop_signals
-
-
-def sample_rng(seed: int, epoch: int, index: int) -> torch.Generator:
-    """The generator for the randomness inside one sample: keyed, never drawn from global state."""
-    key = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
 
 
 class Shuffle:
@@ -90,16 +86,6 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
             firsts = [(b * self.world_size + self.rank) * self.batch_size for b in ahead]
             positions = np.add.outer(firsts, np.arange(self.batch_size))  # (batches, B)
             yield from ((self.epoch, indices) for indices in torch.from_numpy(order[positions]))
-
-
-def read_batch(dataset: Dataset, indices: torch.Tensor):
-    """The examples at `indices` as one batch: through `__getitems__` where the dataset has it (in
-    memory, fast), else one `dataset[i]` at a time joined by its `collate` (by default stacked)."""
-    collate = getattr(dataset, "collate", default_collate)
-    if hasattr(dataset, "__getitems__"):
-        samples = dataset.__getitems__(indices)
-        return samples if isinstance(samples, tuple) else collate(samples)
-    return collate([dataset[i] for i in indices.tolist()])
 
 
 class EpochDataset(Dataset):

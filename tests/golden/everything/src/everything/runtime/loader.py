@@ -2,7 +2,8 @@
 
 The order is a pure function of (seed, epoch); a resumed run skips exactly the batches it trained
 on. The loader sets `dataset.epoch` before each batch, so augmentation can key its randomness by
-(seed, epoch, index) with `sample_rng`: the same numbers for any number of workers, and on resume."""
+(seed, epoch, index) with `datatools.sample_rng`: the same numbers for any number of workers, and
+on resume."""
 
 import hashlib
 import random
@@ -10,17 +11,12 @@ from functools import partial
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset, Sampler, default_collate
+from torch.utils.data import DataLoader, Dataset, Sampler
 
 from ..config import Config, ConfigError
+from ..datatools import read_batch
 from .distributed import WORKER_START, Dist, init_distributed, validation_batches
 from .stopping import ignore_stop_signals
-
-
-def sample_rng(seed: int, epoch: int, index: int) -> torch.Generator:
-    """The generator for the randomness inside one sample: keyed, never drawn from global state."""
-    key = hashlib.blake2b(f"{seed}:{epoch}:{index}".encode(), digest_size=8).digest()
-    return torch.Generator().manual_seed(int.from_bytes(key, "little") >> 1)
 
 
 def micro_batch_seed(seed: int, epoch: int, place: int) -> int:
@@ -112,16 +108,6 @@ class EpochBatches(Sampler[tuple[int, torch.Tensor]]):
                 if sampled:
                     sampled(first)
                 yield self.epoch, indices
-
-
-def read_batch(dataset: Dataset, indices: torch.Tensor):
-    """The examples at `indices` as one batch: through `__getitems__` where the dataset has it (in
-    memory, fast), else one `dataset[i]` at a time joined by its `collate` (by default stacked)."""
-    collate = getattr(dataset, "collate", default_collate)
-    if hasattr(dataset, "__getitems__"):
-        samples = dataset.__getitems__(indices)
-        return samples if isinstance(samples, tuple) else collate(samples)
-    return collate([dataset[i] for i in indices.tolist()])
 
 
 class EpochDataset(Dataset):

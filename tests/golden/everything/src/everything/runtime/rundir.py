@@ -1,11 +1,12 @@
 """Machinery: --run-dir, a local folder or an object-store URL (store.py): opened for training, the
 store's newest checkpoint pulled into the staging folder first, or fetched for the read commands."""
 
+import secrets
 import sys
 from pathlib import Path
 
 from ..config import ConfigError
-from .distributed import Dist, stage_run
+from . import distributed
 from .store import RECORDS, RunStore, StoreError, cache_dir, is_url, prune, top
 
 
@@ -13,13 +14,47 @@ class RunDirError(RuntimeError):
     """The run folder cannot be written, or there is no run to read."""
 
 
-def open_run(run_dir: str, keep_last: int, group: Dist, retry_minutes: float) -> "LocalRun | RunStore":
+def open_run(
+    run_dir: str, keep_last: int, group: distributed.Dist, retry_minutes: float
+) -> "LocalRun | RunStore":
     """--run-dir's run: a local folder as it is, or a URL staged here and pulled from its store."""
     if not is_url(run_dir):
         return LocalRun(Path(run_dir))
     store = RunStore(run_dir, keep_last, retry_minutes)
     stage_run(store, group)  # by the processes the distributed strategy names
     return store
+
+
+def stage_run(store: RunStore, group: distributed.Dist) -> None:
+    """The store's newest checkpoint pulled by rank 0 into the one staging folder that every rank
+    writes its shards into, and rank 0 uploads from: on several machines,
+    XDG_CACHE_HOME must name a folder they all share."""
+    check_shared(store.local, group, store.url)
+    if group.is_main:
+        store.pull()
+    distributed.barrier()  # the other ranks read the checkpoint it pulled
+
+
+def check_shared(folder: Path, group: distributed.Dist, run_dir: str) -> None:
+    """Refuses a staging folder that not every rank sees: rank 0 writes a random token there, and
+    every rank must read it back."""
+    marker = folder / ".shared-by-ranks"
+    token = secrets.token_hex(16)
+    if group.is_main:
+        folder.mkdir(parents=True, exist_ok=True)
+        marker.write_text(token)
+    token = distributed.all_gather(token)[0]  # rank 0's, written before it joined
+    try:
+        seen = marker.read_text() == token
+    except OSError:
+        seen = False
+    if not all(distributed.all_gather(seen)):
+        raise ConfigError(
+            f"--run-dir {run_dir}: not every rank sees the staging folder {folder}: set"
+            " XDG_CACHE_HOME to a folder all machines share, or give a shared local --run-dir"
+        )
+    if group.is_main:
+        marker.unlink()
 
 
 def newest_run() -> str:
