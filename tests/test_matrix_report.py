@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from scaffold.matrix import report
-from scaffold.matrix.runner import Outcome
 from scaffold.matrix.plan import Plan
+from scaffold.matrix.runner import Outcome
 
 
 def _outcome(tracker: str, which: str, seconds: float, passed: bool = True) -> Outcome:

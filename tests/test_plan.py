@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from scaffold.combinations import combination_id, combinations, varied_questions, values
+from scaffold.combinations import combination_id, combinations, values, varied_questions
 from scaffold.matrix import plan
 from scaffold.matrix.files import FileRenderer
 

@@ -21,6 +21,7 @@ from scaffold.combinations import (
 )
 from scaffold.matrix.fork import DDP_PROCESSES, PRELOAD, forking_supported
 from scaffold.matrix.lint import lint_problems
+from scaffold.matrix.plan import Plan, declarations, plans, proving
 from scaffold.matrix.report import progress_line, summary, write_junit
 from scaffold.matrix.runner import (
     CHECK_SIZES,
@@ -32,7 +33,6 @@ from scaffold.matrix.runner import (
     run_matrix,
     schedule,
 )
-from scaffold.matrix.plan import Plan, declarations, plans, proving
 
 __all__ = [
     "CHECK_SIZES",
@@ -51,8 +51,8 @@ __all__ = [
     "forking_supported",
     "lint_problems",
     "plans",
-    "proving",
     "progress_line",
+    "proving",
     "run_matrix",
     "schedule",
     "select",
