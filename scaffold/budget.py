@@ -5,11 +5,15 @@
 
 The render budget (README.md, "Render budget"): the default render's `src/` holds at most
 BUDGET_LINES lines, and no rendered `train.py` is over TRAIN_PY_LINES, with every option on too.
-An answer lives in its own strategy (a folder of templates picked by the answer, as
-templates/distributed/ is): outside those folders, at most SPREAD_AIMS[answer] template files test
-the answer, a file counting when a Jinja tag in its text or its path compares the answer
-(`answer ==`, `!=`, `in`, `not in`) or tests it (`if answer`), a conditional folder once; and no
-template holds more than TAGS_AIM `{%` tags. tests/test_budget.py holds the template to these.
+An answer lives in its own folder (templates/<folder>/, its pieces included at the shared
+templates' named seams): in the shared templates (templates/project/ and templates/tasks/) at most
+SPREAD_AIMS[answer] files test the answer, a file counting when a Jinja tag in its text or its path
+compares it (`answer ==`, `!=`, `in`, `not in`), tests it (`if answer`) or joins it to a condition
+(`answer if`, `else`, `and`, `or`), a conditional folder once. Every asked answer has an aim: a new
+answer declares its own. train.py.jinja tests precision at most TRAIN_PRECISION_TESTS times, the
+whole template holds at most TAGS_TOTAL `{%` tags and no file more than TAGS_AIM, and no inline
+`{{ a if x else b }}` carries a statement or a comment. tests/test_budget.py holds the template to
+these.
 """
 
 from __future__ import annotations
@@ -29,28 +33,41 @@ from scaffold.questions import template_dir
 
 BUDGET_LINES = 4412  # the default render's src/ at 1a76b8a, when the budget was set
 TRAIN_PY_LINES = 300  # nanoGPT's train.py is ~340; ours holds less (the machinery is apart)
-SPREAD_AIMS = {"distributed": 5, "device": 8, "precision": 5}
+SPREAD_AIMS = {
+    "task": 15,  # the base answer the shared templates are written around: its files, its commands
+    "distributed": 5,
+    "device": 8,
+    "precision": 3,
+    "tracker": 3,
+    "finetune": 6,
+    "streaming": 7,
+    "compile": 5,
+    "grad_accum_steps": 1,
+}
 TAGS_AIM = 45
-# Folders whose templates an answer picks by name: inside them, testing the answer is their job.
-STRATEGY_FOLDERS = ("distributed", "checkpoint", "device", "precision", "readme")
+TAGS_TOTAL = 550
+TRAIN_PRECISION_TESTS = 2
+# The shared templates: every other folder holds an answer's own templates (or its pieces).
+SHARED_FOLDERS = ("project", "tasks")
 
 _TAG = re.compile(r"\{%.*?%\}|\{\{.*?\}\}", re.DOTALL)
 
 
 def _tests(answer: str) -> re.Pattern[str]:
     compared = rf"\b{answer}\s*(==|!=|not\s+in\b|in\b)"
-    tested = rf"\bif\s+(not\s+)?{answer}\b(?!\s*(==|!=|in\b|not\b))"
-    return re.compile(f"{compared}|{tested}")
+    tested = rf"\bif\s+(not\s+)?{answer}\b"
+    joined = rf"\b{answer}\s+(if|else|and|or)\b|\b(else|and|or)\s+(not\s+)?{answer}\b"
+    return re.compile(f"{compared}|{tested}|{joined}")
 
 
 def spread(template: Path, answer: str) -> list[str]:
-    """The template files (a conditional folder once) outside the strategy folders whose text or
-    path has a tag testing `answer`."""
+    """The shared template files (a conditional folder once) whose text or path has a tag testing
+    `answer`."""
     pattern = _tests(answer)
     found: set[str] = set()
     for path in sorted(template.rglob("*.jinja")):
         relative = path.relative_to(template)
-        if relative.parts[0] in STRATEGY_FOLDERS:
+        if relative.parts[0] not in SHARED_FOLDERS:
             continue
         folders = [
             "/".join(relative.parts[: i + 1])
@@ -62,6 +79,41 @@ def spread(template: Path, answer: str) -> list[str]:
         elif any(pattern.search(tag) for tag in _TAG.findall(f"{relative}\n{path.read_text()}")):
             found.add(str(relative))
     return sorted(found)
+
+
+def tests_in(path: Path, answer: str) -> int:
+    """How many tags of the template file at `path` test `answer`."""
+    pattern = _tests(answer)
+    return sum(bool(pattern.search(tag)) for tag in _TAG.findall(path.read_text()))
+
+
+def total_tags(template: Path) -> int:
+    """The `{%` tags in every file of the template (copier.yml too)."""
+    return sum(p.read_text().count("{%") for p in template.rglob("*") if p.is_file())
+
+
+# A statement or a comment inside an inline expression's text: {{ "return x  # ..." if a else "" }}.
+_STATEMENT = re.compile(
+    r"#|^\s*(return|raise|import|from|def|class|if|for|while|with|assert|del|pass|yield)\b"
+)
+
+
+def inline_statements(template: Path) -> list[str]:
+    """`file:line` of each inline {{ a if x else b }} whose texts hold a statement or a comment."""
+    from jinja2 import Environment, nodes
+
+    found = []
+    env = Environment(extensions=["jinja2.ext.do", "jinja2.ext.loopcontrols"])
+    for path in sorted(template.rglob("*.jinja")):
+        try:
+            tree = env.parse(path.read_text())
+        except Exception:
+            continue
+        for output in tree.find_all(nodes.CondExpr):
+            texts = [n.value for n in output.find_all(nodes.Const) if isinstance(n.value, str)]
+            if any(_STATEMENT.search(text) for text in texts):
+                found.append(f"{path.relative_to(template)}:{output.lineno}")
+    return found
 
 
 def most_tags(template: Path) -> tuple[int, str]:
@@ -120,6 +172,11 @@ def report(template: Path) -> str:
         lines.extend(f"  {f}" for f in files)
     count, path = most_tags(template)
     lines.append(f"most tags in one template: {count} in {path} (aim {TAGS_AIM})")
+    lines.append(f"tags in the whole template: {total_tags(template)} (aim {TAGS_TOTAL})")
+    train = next(template.glob("project/src/*/train.py.jinja"))
+    tested = tests_in(train, "precision")
+    lines.append(f"train.py.jinja tests precision {tested} times (aim {TRAIN_PRECISION_TESTS})")
+    lines.append(f"inline statements: {len(inline_statements(template))} (aim 0)")
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 from scaffold import budget
+from scaffold.combinations import varied_questions
 from scaffold.questions import template_dir
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"  # this checkout's, installed or not
@@ -32,7 +33,7 @@ def test_spread_counts_a_tag_in_text_or_path_and_a_conditional_folder_once(tmp_p
         '{{ "a" if device in ["cuda"] else "b" }}\n'
     )
     (tmp_path / "project" / "plain.py.jinja").write_text("device = 'cpu'  # not a tag\n")
-    (tmp_path / "device").mkdir()
+    (tmp_path / "device").mkdir()  # an answer's own folder: testing it is its job
     (tmp_path / "device" / "cuda.py.jinja").write_text('{% if device == "cuda" %}{% endif %}\n')
 
     found = budget.spread(tmp_path, "device")
@@ -45,16 +46,40 @@ def test_spread_counts_a_tag_in_text_or_path_and_a_conditional_folder_once(tmp_p
     assert budget.spread(tmp_path, "precision") == []
 
 
-# distributed is held where it stands (7 files: __main__'s launcher messages, optim's fsdp-fp16
-# kernels, train.py's torchrun usage and ranks line, launch.py, scripts/ and the image task's
-# workers per process); its aim is 5.
-SPREAD_HELD = {**budget.SPREAD_AIMS, "distributed": 7}
+def test_spread_counts_an_answer_joined_to_a_condition(tmp_path):
+    (tmp_path / "tasks").mkdir()
+    (tmp_path / "tasks" / "a.py.jinja").write_text('{% if streaming and task != "x" %}\n')
+    (tmp_path / "tasks" / "b.py.jinja").write_text("{{ 'a' if finetune else 'b' }}\n")
+    (tmp_path / "tasks" / "c.py.jinja").write_text('{% include finetune_dir ~ "c.py.jinja" %}\n')
+
+    assert budget.spread(tmp_path, "streaming") == ["tasks/a.py.jinja"]
+    assert budget.spread(tmp_path, "finetune") == ["tasks/b.py.jinja"]  # a seam tests nothing
 
 
-@pytest.mark.parametrize("answer", sorted(SPREAD_HELD))
-def test_each_answer_stays_in_its_strategy(answer):
+def test_every_answer_declares_its_aim():
+    assert {q.name for q in varied_questions()} == set(budget.SPREAD_AIMS)
+
+
+@pytest.mark.parametrize("answer", sorted(budget.SPREAD_AIMS))
+def test_each_answer_stays_in_its_folder(answer):
     files = budget.spread(template_dir(), answer)
-    assert len(files) <= SPREAD_HELD[answer], files
+    assert len(files) <= budget.SPREAD_AIMS[answer], files
+
+
+def test_the_step_tests_precision_at_most_twice():
+    train = next(template_dir().glob("project/src/*/train.py.jinja"))
+    assert budget.tests_in(train, "precision") <= budget.TRAIN_PRECISION_TESTS
+
+
+def test_no_inline_expression_carries_a_statement_or_a_comment(tmp_path):
+    (tmp_path / "a.py.jinja").write_text('{{ "return x  # done" if a else "pass" }}\n')
+    (tmp_path / "b.py.jinja").write_text('{{ "x" if a else "y" }}\n')
+    assert budget.inline_statements(tmp_path) == ["a.py.jinja:1"]
+    assert budget.inline_statements(template_dir()) == []
+
+
+def test_the_template_holds_at_most_its_tags():
+    assert budget.total_tags(template_dir()) <= budget.TAGS_TOTAL
 
 
 def test_no_template_holds_more_than_a_few_dozen_tags():

@@ -14,9 +14,23 @@ DECLARED = plan.declarations()
 NOT_BASE = [name for name, answer in DECLARED.items() if not answer.base]
 
 
+class _Remembering(FileRenderer):
+    """A FileRenderer that renders each combination once: the flips share their primaries."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = {}
+
+    def render(self, answers):
+        key = combination_id(answers)
+        if key not in self.seen:
+            self.seen[key] = super().render(answers)
+        return self.seen[key]
+
+
 @pytest.fixture(scope="module")
 def renderer():
-    return FileRenderer()
+    return _Remembering()
 
 
 def test_every_asked_answer_has_a_declaration():
@@ -37,7 +51,7 @@ def test_the_lines_an_answer_adds_depend_only_on_what_it_reads(renderer, name):
     rng = random.Random(name)
     away = [c for c in valid.values() if c[name] != primary[name]]
     checked = 0
-    for answers in rng.sample(away, 4):
+    for answers in rng.sample(away, 3):
         added = plan.added_lines(renderer, answers, name)
         for other in others:
             value = rng.choice([v for v in choices[other] if v != answers[other]])

@@ -100,7 +100,7 @@ class WeightAverage:
 
     @torch.no_grad()
     def update(self, grad_norm: torch.Tensor) -> None:
-        """Adds the weights after a step, unless its gradients were not finite (the GradScaler skipped it)."""
+        """Adds the weights after a step, unless its gradients were not finite (a skipped step)."""
         if self.decay:
             taken = grad_norm.isfinite()
             self.steps += taken
