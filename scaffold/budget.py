@@ -94,7 +94,7 @@ def total_tags(template: Path) -> int:
 
 # A statement or a comment inside an inline expression's text: {{ "return x  # ..." if a else "" }}.
 _STATEMENT = re.compile(
-    r"#|^\s*(return|raise|import|from|def|class|if|for|while|with|assert|del|pass|yield)\b"
+    r"#|^\s*(return|raise|import|def|class|assert|del|pass|yield)\b|^\s*from\s+\S+\s+import\b"
 )
 
 
