@@ -8,8 +8,9 @@ BUDGET_LINES lines, and no rendered `train.py` is over TRAIN_PY_LINES, with ever
 An answer lives in its own folder (templates/<folder>/, its pieces included at the shared
 templates' named seams): in the shared templates (templates/project/ and templates/tasks/) at most
 SPREAD_AIMS[answer] files test the answer, a file counting when a Jinja tag in its text or its path
-compares it (`answer ==`, `!=`, `in`, `not in`), tests it (`if answer`) or joins it to a condition
-(`answer if`, `else`, `and`, `or`), a conditional folder once. Every asked answer has an aim: a new
+compares it (`answer ==`, `!=`, `in`, `not in`), tests it (`if answer`), joins it to a condition
+(`answer if`, `else`, `and`, `or`) or looks a text up by it (`{...}[answer]`, `.get(answer`), a
+conditional folder once. Every asked answer has an aim: a new
 answer declares its own. train.py.jinja tests precision at most TRAIN_PRECISION_TESTS times, the
 whole template holds at most TAGS_TOTAL `{%` tags and no file more than TAGS_AIM, and no inline
 `{{ a if x else b }}` carries a statement or a comment. tests/test_budget.py holds the template to
@@ -34,7 +35,7 @@ from scaffold.questions import template_dir
 BUDGET_LINES = 4412  # the default render's src/ at 1a76b8a, when the budget was set
 TRAIN_PY_LINES = 300  # nanoGPT's train.py is ~340; ours holds less (the machinery is apart)
 SPREAD_AIMS = {
-    "task": 15,  # the base answer the shared templates are written around: its files, its commands
+    "task": 17,  # the base answer the shared templates are written around: its files, its commands
     "distributed": 5,
     "device": 8,
     "precision": 3,
@@ -57,7 +58,8 @@ def _tests(answer: str) -> re.Pattern[str]:
     compared = rf"\b{answer}\s*(==|!=|not\s+in\b|in\b)"
     tested = rf"\bif\s+(not\s+)?{answer}\b"
     joined = rf"\b{answer}\s+(if|else|and|or)\b|\b(else|and|or)\s+(not\s+)?{answer}\b"
-    return re.compile(f"{compared}|{tested}|{joined}")
+    looked_up = rf"\[\s*{answer}\s*\]|\.get\(\s*{answer}\b"  # {{ {"fp16": "..."}[precision] }}
+    return re.compile(f"{compared}|{tested}|{joined}|{looked_up}")
 
 
 def spread(template: Path, answer: str) -> list[str]:
