@@ -30,11 +30,22 @@ def test_the_summary_counts_each_check_and_its_job_time():
     text = report.summary(outcomes, wall=40.0)
 
     assert "combinations 4: passed 3, failed 1" in text
-    assert "check all on 1, a twin's check resume on 2, a cross's --help on 1" in text
+    assert "check all on 1, checks resume on 2, --help on 1" in text
     assert "job time by check (the sum over combinations, all jobs together): " in text
     assert "all 30.0s (1), import 3.0s (1), resume 12.0s (2)" in text
     assert "FAILED classification-tensorboard-cpu at check" in text
     assert text.endswith("matrix wall time: 40.0s")
+
+
+def test_the_cost_model_says_the_job_minutes_by_phase_and_what_one_more_answer_adds():
+    outcomes = [_outcome("none", "all", 62.0), _outcome("wandb", "lint", 2.0)]
+
+    text = report.summary(outcomes, wall=40.0)
+
+    # a lint-only combination's render (1 s) is every combination's: 2 s of render in all
+    assert "job-minutes by phase: render 0.0, lint 0.0, all 1.0 (1)" in text
+    # 15 primaries at 60 s (the check all less its render and lint), and 2 more renders of 1 s
+    assert "15 primaries at 60.0 s a check all and 2 more renders: about 15.0 job-minutes" in text
 
 
 def test_the_summary_splits_the_job_time_by_task_and_distributed_mode():

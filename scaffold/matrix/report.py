@@ -60,6 +60,7 @@ def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
             + ", ".join(f"{k} {_median(sorted(v)):.1f} s" for k, v in sorted(by_task.items()))
         )
         lines.extend(_family_table(outcomes))
+        lines.extend(cost_model(outcomes))
         lines.append("slowest:")
         width = max(len(o.name) for o in outcomes)
         for o in sorted(outcomes, key=lambda o: -o.total)[:slowest]:
@@ -76,12 +77,42 @@ def summary(outcomes: Sequence[Outcome], wall: float, slowest: int = 5) -> str:
 
 def _kind_count(kind: str, count: int) -> str:
     if kind == CROSS_CHECK:
-        return f"a cross's --help on {count}"
+        return f"--help on {count}"
     if kind == LINT_ONLY:
         return f"no check (lint only) on {count}"
-    if "+" in kind:
-        return f"checks {', '.join(kind.split('+'))} on {count}"  # a finetune primary's
-    return f"a twin's check {kind} on {count}"
+    return f"checks {', '.join(kind.split('+'))} on {count}"
+
+
+# What one more boolean answer is taken to read, for the cost model: the task and distributed
+# answer, as finetune, streaming, compile and the accumulation do (their primaries: 15 each).
+NEW_ANSWER_PRIMARIES = 5 * 3
+
+
+def cost_model(outcomes: Sequence[Outcome]) -> list[str]:
+    """Job-minutes by phase (render and lint of every combination; each kind of check) and what
+    one more boolean answer would add: its primaries' checks at the mean `check all`, and the
+    render of twice the combinations (its lint: the distinct texts its pieces add, about none)."""
+    render = sum(o.seconds.get("render", 0.0) for o in outcomes if o.plan.which == LINT_ONLY)
+    share = render / max(1, sum(o.plan.which == LINT_ONLY for o in outcomes))
+    lint = sum(o.seconds.get("lint", 0.0) for o in outcomes)
+    by_kind: dict[str, list[float]] = {}
+    for o in outcomes:
+        checked = sum(t for step, t in o.seconds.items() if step != "lint")
+        if o.plan.which != LINT_ONLY:
+            checked -= share  # its share of the in-memory render: counted under render
+            by_kind.setdefault(o.plan.kind, []).append(checked)
+    renders = share * len(outcomes)
+    phases = [f"render {renders / 60:.1f}", f"lint {lint / 60:.1f}"]
+    phases += [f"{k} {sum(v) / 60:.1f} ({len(v)})" for k, v in sorted(by_kind.items())]
+    alls = by_kind.get("all", [])
+    check = sum(alls) / len(alls) if alls else 0.0
+    added = NEW_ANSWER_PRIMARIES * check + renders
+    return [
+        "job-minutes by phase: " + ", ".join(phases),
+        f"one more boolean answer reading task and distributed: {NEW_ANSWER_PRIMARIES} primaries"
+        f" at {check:.1f} s a check all and {len(outcomes):,} more renders: about"
+        f" {added / 60:.1f} job-minutes",
+    ]
 
 
 FAMILY = ("task", "distributed")  # the rows of the job-time table
