@@ -45,7 +45,7 @@ SPREAD_AIMS = {
     "compile": 5,
     "grad_accum_steps": 1,
 }
-TAGS_AIM = 45
+TAGS_AIM = 30
 TAGS_TOTAL = 550
 TRAIN_PRECISION_TESTS = 2
 # The shared templates: every other folder holds an answer's own templates (or its pieces).

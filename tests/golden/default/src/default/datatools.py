@@ -1,6 +1,4 @@
-"""Helpers your data.py and model.py may call, as the machinery in runtime/ does: the randomness
-inside one sample, keyed by (seed, epoch, index), and a batch read from any dataset. This file
-imports nothing from runtime/: your files stand on their own, and the machinery stands on them."""
+"""Helpers for your data.py and model.py (runtime/ uses them too): a sample's randomness, a batch."""
 
 import hashlib
 

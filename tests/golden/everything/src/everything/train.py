@@ -95,8 +95,7 @@ def evaluate(engine: Engine, loader, splits, device: torch.device) -> dict[str, 
 
 
 def log_train(loop: Loop, progress: Progress, loss: float, lr: float, grad_norm: float, **counts) -> None:
-    """A train record in metrics.jsonl and on the console, with `counts` (fp16: the GradScaler's
-    skipped_steps); a NaN loss stops the run first."""
+    """A train record (and `counts`) in metrics.jsonl and on the console; a NaN loss stops the run first."""
     step = loop.state.step
     if not math.isfinite(loss):  # recorded for diagnose (the lr and grad norm), raised before a checkpoint
         loop.run.log(step=step, split="train", loss=loss, lr=lr, grad_norm=grad_norm)

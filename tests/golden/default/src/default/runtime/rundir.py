@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from ..config import ConfigError
-from . import distributed
+from .distributed import Dist
 from .store import RECORDS, RunStore, StoreError, cache_dir, is_url, prune, top
 
 
@@ -13,9 +13,7 @@ class RunDirError(RuntimeError):
     """The run folder cannot be written, or there is no run to read."""
 
 
-def open_run(
-    run_dir: str, keep_last: int, group: distributed.Dist, retry_minutes: float
-) -> "LocalRun | RunStore":
+def open_run(run_dir: str, keep_last: int, group: Dist, retry_minutes: float) -> "LocalRun | RunStore":
     """--run-dir's run: a local folder as it is, or a URL staged here and pulled from its store."""
     if not is_url(run_dir):
         return LocalRun(Path(run_dir))
@@ -24,8 +22,7 @@ def open_run(
     return store
 
 
-def stage_run(store: RunStore, group: distributed.Dist) -> None:
-    """One process: it pulls the checkpoint itself."""
+def stage_run(store: RunStore, group: Dist) -> None:
     store.pull()
 
 

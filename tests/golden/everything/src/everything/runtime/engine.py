@@ -1,8 +1,7 @@
 """Machinery: the run's set-up (device, process group, seeds) and the training objects, built in
-one place: the model and what the loop calls, the optimizer (optim.py), the autocast context and
-the gradient scaler. `train` and every check build them as one `Engine` and step it with
-train.train_step, so a check proves the code that trains. What differs with the number of
-processes is in distributed.py."""
+one place: the model and what the loop calls, the optimizer (optim.py), autocast and the gradient
+scaler. `train` and every check build them as one `Engine` and step it with train.train_step, so a
+check proves the code that trains. What differs with the number of processes is in distributed.py."""
 
 import contextlib
 import dataclasses
@@ -80,8 +79,7 @@ class Engine:
         # what the step clips, listed once rather than at every step
         self.params = [p for group in self.optimizer.param_groups for p in group["params"]]
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(self.optimizer, lr_factor(cfg))
-        # the forward's precision, made once: autocast to AMP_DTYPE (none in fp32), and a gradient
-        # scaler that scales the loss in fp16 (elsewhere disabled: each of its calls is a no-op)
+        # made once: autocast to AMP_DTYPE (none in fp32); a GradScaler, disabled (no-ops) but in fp16
         autocast = functools.partial(torch.autocast, device.type, dtype=AMP_DTYPE)
         self.autocast = contextlib.nullcontext if AMP_DTYPE is None else autocast
         self.scaler = distributed.grad_scaler(device)
@@ -97,14 +95,12 @@ class Engine:
     def state_dict(self) -> dict:
         model, optimizer = distributed.model_state(self.model, self.optimizer)
         state = {"model": model, "optimizer": optimizer, "scheduler": self.scheduler.state_dict()}
-        if self.scaler.is_enabled():
-            state["scaler"] = self.scaler.state_dict()
+        state["scaler"] = self.scaler.state_dict()  # its scale and growth tracker resume exactly
         state["ema"], state["ema_steps"] = self.ema.state_dict(), self.ema.steps
         return state
 
     def load_state_dict(self, state: dict) -> None:
         distributed.load_model_state(self.model, self.optimizer, state)
         self.scheduler.load_state_dict(state["scheduler"])
-        if self.scaler.is_enabled():
-            self.scaler.load_state_dict(state["scaler"])
+        self.scaler.load_state_dict(state["scaler"])
         self.ema.load_state_dict(state["ema"], state["ema_steps"])

@@ -2,8 +2,7 @@
 
 The order is a pure function of (seed, epoch); a resumed run skips exactly the batches it trained
 on. The loader sets `dataset.epoch` before each batch, so augmentation can key its randomness by
-(seed, epoch, index) with `datatools.sample_rng`: the same numbers for any number of workers, and
-on resume."""
+(seed, epoch, index) with `datatools.sample_rng`: the same for any number of workers, and resumed."""
 
 import hashlib
 import random

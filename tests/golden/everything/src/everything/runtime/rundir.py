@@ -7,6 +7,7 @@ from pathlib import Path
 
 from ..config import ConfigError
 from . import distributed
+from .distributed import Dist
 from .store import RECORDS, RunStore, StoreError, cache_dir, is_url, prune, top
 
 
@@ -14,9 +15,7 @@ class RunDirError(RuntimeError):
     """The run folder cannot be written, or there is no run to read."""
 
 
-def open_run(
-    run_dir: str, keep_last: int, group: distributed.Dist, retry_minutes: float
-) -> "LocalRun | RunStore":
+def open_run(run_dir: str, keep_last: int, group: Dist, retry_minutes: float) -> "LocalRun | RunStore":
     """--run-dir's run: a local folder as it is, or a URL staged here and pulled from its store."""
     if not is_url(run_dir):
         return LocalRun(Path(run_dir))
@@ -25,7 +24,7 @@ def open_run(
     return store
 
 
-def stage_run(store: RunStore, group: distributed.Dist) -> None:
+def stage_run(store: RunStore, group: Dist) -> None:
     """The store's newest checkpoint pulled by rank 0 into the one staging folder that every rank
     writes its shards into, and rank 0 uploads from: on several machines,
     XDG_CACHE_HOME must name a folder they all share."""
@@ -35,7 +34,7 @@ def stage_run(store: RunStore, group: distributed.Dist) -> None:
     distributed.barrier()  # the other ranks read the checkpoint it pulled
 
 
-def check_shared(folder: Path, group: distributed.Dist, run_dir: str) -> None:
+def check_shared(folder: Path, group: Dist, run_dir: str) -> None:
     """Refuses a staging folder that not every rank sees: rank 0 writes a random token there, and
     every rank must read it back."""
     marker = folder / ".shared-by-ranks"
