@@ -176,9 +176,8 @@ def shard(
     order (where a stride can fall in step with the inner questions: every shard all compile
     or none), so each slice is a fair sample of the matrix and slices take similar times.
     Combinations with the same `key` go to the same slice (dealt by the hash of the key), the
-    largest groups first: groups of a size (the matrix's families: a streaming one holds 192 or
-    288 combinations, another 32 or 48) are then dealt evenly, not three of the largest to one
-    slice and none to another."""
+    largest groups first, so that groups of a size are dealt evenly, not three of the largest to
+    one slice and none to another."""
     match = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", spec)
     if not match or not 1 <= int(match[1]) <= int(match[2]):
         raise UsageError(f"--shard {spec!r}: expected I/N with 1 <= I <= N, such as 2/8")
