@@ -15,8 +15,9 @@ answers it reads are (import lines aside: see the last rule).
   By induction over the answers away from their primaries, each line of every combination is a
   line of a base primary's render or of an answer's primary's, and runs there.
 - Every other combination runs its `--help` (each module imported, the options built) where a
-  module of it renders a text that no combination before it in the plan loaded; the rest are
-  rendered and linted only: each of their modules' texts is loaded elsewhere, word for word.
+  module of it renders a text no check loads, as few of them as load every such text (those with
+  the most texts not yet loaded first); the rest are rendered and linted only: each of their
+  modules' texts is loaded elsewhere, word for word.
 
 With `native_device` each project checks on its own device: the device is then a base answer,
 read by every answer (each answer's primaries run on each device).
@@ -31,6 +32,7 @@ import argparse
 import ast
 import dataclasses
 import functools
+import heapq
 import sys
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -193,14 +195,24 @@ def plans(
             loaded |= modules[i] if modules is not None else set()
         else:
             result.append(None)
-    for i, plan in enumerate(result):
-        if plan is not None:
-            continue
-        if modules is None or not modules[i] <= loaded:
-            result[i] = Plan(which=CROSS_CHECK, options={})
-            loaded |= modules[i] if modules is not None else set()
-        else:
-            result[i] = Plan(which=LINT_ONLY, options={})
+    rest = [i for i, plan in enumerate(result) if plan is None]
+    if modules is None:
+        helps = set(rest)
+    else:  # the fewest --helps that load every text: the most texts not yet loaded first
+        helps = set()
+        queue = [(-len(modules[i] - loaded), i) for i in rest]
+        heapq.heapify(queue)
+        while queue and queue[0][0] < 0:
+            _, i = heapq.heappop(queue)
+            gain = len(modules[i] - loaded)
+            if queue and gain < -queue[0][0]:  # stale: back in with what it adds now
+                heapq.heappush(queue, (-gain, i))
+                continue
+            if gain:
+                helps.add(i)
+                loaded |= modules[i]
+    for i in rest:
+        result[i] = Plan(which=CROSS_CHECK if i in helps else LINT_ONLY, options={})
     return [plan for plan in result if plan is not None]
 
 
