@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from scaffold import _compat
 from scaffold.errors import UsageError
 from scaffold.questions import Question, asked_questions, load_questions, template_dir
@@ -74,15 +76,54 @@ _COMBINATIONS: dict[str, list[dict[str, Any]]] = {}
 
 
 def _valid_combinations(template: Path) -> list[dict[str, Any]]:
-    """Ask copier's questionnaire about every combination."""
+    """Ask copier's questionnaire about every combination: once for each set of values of the
+    answers its validators read (the others cannot change its verdict), each verdict then dealt to
+    every combination with those values."""
     validate = _compat.answer_validator(template)
-    # The hidden questions' plain defaults given as answers: copier would otherwise render each
-    # of them for every combination (the reserved names' list alone, item by item, was three
-    # quarters of the time), to the same values.
-    fixed = {q.name: q.default for q in load_questions(template).values() if _plain_hidden(q)}
-    return [
-        answers for answers in all_combinations(template) if validate({**fixed, **answers}) is None
-    ]
+    # The hidden questions given as answers: copier would otherwise render each of them for every
+    # combination (the reserved names' list alone, item by item, was three quarters of the time),
+    # a plain default to the same value, a templated one (the answers' folders, the checkpoint
+    # format) to a value no validator reads.
+    questions = load_questions(template)
+    fixed = {
+        q.name: q.default if _plain_hidden(q) else ""
+        for q in questions.values()
+        if q.hidden and q.default is not None
+    }
+    read = _validators_read(template)
+    verdicts: dict[tuple[Any, ...], bool] = {}
+    valid = []
+    for answers in all_combinations(template):
+        key = tuple(sorted((k, repr(v)) for k, v in answers.items() if read is None or k in read))
+        if key not in verdicts:
+            verdicts[key] = validate({**fixed, **answers}) is None
+        if verdicts[key]:
+            valid.append(answers)
+    return valid
+
+
+def _validators_read(template: Path) -> set[str] | None:
+    """The questions copier.yml's validators read (None: one reads a hidden question computed from
+    others, so every answer counts)."""
+    from jinja2 import Environment, nodes
+
+    raw = yaml.safe_load((template / "copier.yml").read_text(encoding="utf-8"))
+    hidden = {n for n, q in load_questions(template).items() if q.hidden and not _plain_hidden(q)}
+    texts = []
+    names: set[str] = set()  # a validated question's own answer, then what its validators read
+    for name, spec in raw.items():
+        if not isinstance(spec, dict):
+            continue
+        choices = spec.get("choices")
+        mine = [spec.get("validator")]
+        mine += [c.get("validator") for c in (choices or {}).values() if isinstance(c, dict)]
+        if any(mine):
+            names.add(name)
+            texts += mine
+    for text in filter(None, texts):
+        tree = Environment().parse(text)
+        names |= {n.name for n in tree.find_all(nodes.Name) if n.ctx == "load"}
+    return None if names & hidden else names
 
 
 def _plain_hidden(question: Question) -> bool:

@@ -51,7 +51,9 @@ def test_spread_counts_an_answer_joined_to_a_condition(tmp_path):
     (tmp_path / "tasks" / "a.py.jinja").write_text('{% if streaming and task != "x" %}\n')
     (tmp_path / "tasks" / "b.py.jinja").write_text("{{ 'a' if finetune else 'b' }}\n")
     (tmp_path / "tasks" / "c.py.jinja").write_text('{% include finetune_dir ~ "c.py.jinja" %}\n')
-    (tmp_path / "tasks" / "d.md.jinja").write_text('{{ {"fp16": " a scaler,"}.get(precision, "") }}\n')
+    (tmp_path / "tasks" / "d.md.jinja").write_text(
+        '{{ {"fp16": " a scaler,"}.get(precision, "") }}\n'
+    )
 
     assert budget.spread(tmp_path, "streaming") == ["tasks/a.py.jinja"]
     assert budget.spread(tmp_path, "finetune") == ["tasks/b.py.jinja"]  # a seam tests nothing

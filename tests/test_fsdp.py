@@ -525,7 +525,7 @@ def test_compile_runs_training_forwards_compiled_and_evaluation_eagerly(tmp_path
     blocks silently ran uncompiled (the matrix's image fsdp checks printed the limit's warning)."""
     project = render(tmp_path / "compiled-fsdp", distributed="fsdp", compile=True)
     monkeypatch.syspath_prepend(str(project / "src"))
-    distributed = importlib.import_module("compiled_fsdp.runtime.distributed")
+    sharding = importlib.import_module("compiled_fsdp.runtime.sharding")
     compiled = []
 
     def fake_compile(forward, **options):
@@ -539,7 +539,7 @@ def test_compile_runs_training_forwards_compiled_and_evaluation_eagerly(tmp_path
 
     monkeypatch.setattr(torch, "compile", fake_compile)
     unit = torch.nn.Linear(3, 2)
-    unit.forward = distributed.compiled_for_training(unit)
+    unit.forward = sharding.compiled_for_training(unit)
     unit(torch.ones(4, 3)).sum().backward()  # a training step: compiled
     with torch.no_grad():
         unit(torch.ones(5, 3))  # no gradients, as in validation: eager

@@ -121,7 +121,7 @@ def test_answer_change_keeps_the_edit_and_brings_the_new_code(scaffold, tmp_path
     assert ran.exit_code == 0, ran.stderr
     assert "precision: fp32 -> bf16" in ran.stdout and "Updated" in ran.stdout
     owner_work_is_intact(project)
-    assert "AMP_DTYPE = torch.bfloat16" in (project / "src/demo/runtime/engine.py").read_text()
+    assert 'PRECISION = "bf16"' in (project / "src/demo/runtime/engine.py").read_text()
     assert saved_answers(project)["precision"] == "bf16"
     merged_the_pristine_branch(project)
 
