@@ -93,12 +93,8 @@ def finished(project) -> Path:
 
 @pytest.mark.parametrize(
     "answers",
-    [
-        {},
-        {"device": "cuda", "precision": "fp16", "grad_accum_steps": 4},
-        {"device": "mps", "precision": "bf16", "compile": True},
-    ],
-    ids=["default", "cuda-fp16-accum4", "mps-bf16-compile"],
+    [{}],
+    ids=["default"],  # every other combination's checks are the matrix's (scaffold matrix)
 )
 def test_check_all_passes_and_prints_the_summary(answers, tmp_path):
     project = render(tmp_path / "proj", **answers)
