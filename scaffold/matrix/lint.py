@@ -105,20 +105,6 @@ def rendered_problems(texts: Mapping[str, str], answers: dict[str, Any]) -> list
     dependency, or a launcher's GPU request) of an option not chosen, in a render's `texts`
     ({path in the project: text}). What each text holds is found once in this process: a matrix's
     renders share most of their texts."""
-    problems = []
-    found: set[str] = set()
-    for where, text in sorted(texts.items()):
-        facts = _facts(text, where.endswith(".py"))
-        if "residue" in facts:
-            problems.append(f"template residue in {where}")
-        if "todo" in facts:
-            problems.append(f"a REPLACE ME or TODO left in {where}")
-        if where.endswith(".py"):
-            if error := _compile_error(text):
-                problems.append(f"the project's Python does not parse: {where}: {error}")
-            found |= facts
-    everywhere = set().union(*(_facts(text, False) for text in texts.values()))
-
     precision, device = answers.get("precision"), answers.get("device")
     distributed = answers.get("distributed", "none")
     multi = distributed != "none"
@@ -143,6 +129,21 @@ def rendered_problems(texts: Mapping[str, str], answers: dict[str, Any]) -> list
         (marker, answers.get("tracker") == tracker, tracker)
         for tracker, marker in _TRACKER_MARKERS.items()
     ]
+    markers = (*(marker for marker, _, _ in expect), "torchrun")
+    problems = []
+    found: set[str] = set()
+    for where, text in sorted(texts.items()):
+        facts = _facts(text, markers)
+        if "residue" in facts:
+            problems.append(f"template residue in {where}")
+        if "todo" in facts:
+            problems.append(f"a REPLACE ME or TODO left in {where}")
+        if where.endswith(".py"):
+            if error := _compile_error(text):
+                problems.append(f"the project's Python does not parse: {where}: {error}")
+            found |= facts
+    everywhere = set().union(*(_facts(text, markers) for text in texts.values()))
+
     for marker, wanted, option in expect:
         if (marker in found) != wanted:
             state = "missing although" if wanted else "present although not"
@@ -170,31 +171,11 @@ def rendered_problems(texts: Mapping[str, str], answers: dict[str, Any]) -> list
     return problems
 
 
-# Every marker rendered_problems looks for in a text.
-_MARKERS = (
-    "grad_scaler(device)",
-    'counts["skipped_steps"]',
-    "enabled=False",
-    "torch.compile",
-    "set_float32_matmul_precision",
-    "largest_fitting",
-    "--memory-target",
-    "torch.mps",
-    "torch.cuda.get_rng_state",
-    "def sample(",
-    "torchrun",
-    *_DISTRIBUTED_MARKERS,
-    *_DDP_MARKERS,
-    *_FSDP_MARKERS,
-    *_TRACKER_MARKERS.values(),
-)
-
-
-def _facts(text: str, python: bool) -> frozenset[str]:
-    """The markers `text` holds, and "residue" and "todo" where it has them (once a text)."""
-    key = (text, python)
+def _facts(text: str, markers: tuple[str, ...]) -> frozenset[str]:
+    """Which of `markers` `text` holds, and "residue" and "todo" where it has them (once a text)."""
+    key = (text, markers)
     if key not in _FACTS:
-        facts = {marker for marker in _MARKERS if marker in text}
+        facts = {marker for marker in markers if marker in text}
         if RESIDUE.search(text):
             facts.add("residue")
         if "REPLACE ME" in text or "TODO" in text:
@@ -203,7 +184,7 @@ def _facts(text: str, python: bool) -> frozenset[str]:
     return _FACTS[key]
 
 
-_FACTS: dict[tuple[str, bool], frozenset[str]] = {}
+_FACTS: dict[tuple[str, tuple[str, ...]], frozenset[str]] = {}
 
 
 def _compile_error(source: str) -> str | None:

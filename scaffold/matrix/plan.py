@@ -113,9 +113,10 @@ class Plan:
         return steps + (f" ({self.primary}'s primary)" if self.primary else "")
 
 
+@functools.cache
 def primaries(native_device: bool = False, template: Path | None = None) -> dict[str, Any]:
     """{answer: its primary value}; a base answer's is its first value (the device is base with
-    native_device)."""
+    native_device). Worked out once a process (every combination's plan asks): read, not changed."""
     answers = declarations(template)
     first = {q.name: values(q)[0] for q in varied_questions(template)}
     result = {}
