@@ -2,7 +2,8 @@
 
 Each test makes a project, edits and commits it as its owner would, then updates it. Template
 upgrades are simulated with a copy of templates/ that the test changes between two renders, or
-with an older template kept in tests/fixtures/ (the layout before runtime/ and tools/).
+with an older template kept in tests/fixtures/ (the layout before runtime/ and tools/, the
+training step in runtime/engine.py, the modules before their splits).
 """
 
 from __future__ import annotations
@@ -298,9 +299,10 @@ def files_of(folder) -> dict:
     return {k: v for k, v in snapshot(folder).items() if not k.startswith(".git/")}
 
 
-def new_project_with(tmp_path, edits) -> dict:
+def new_project_with(tmp_path, edits, answers=None) -> dict:
     """The files of a new project of the installed template, with `edits` made to them."""
-    fresh = new_project(tmp_path / "fresh" / "demo", {"device": "cpu", "precision": "fp32"}).path
+    answers = answers or {"device": "cpu", "precision": "fp32"}
+    fresh = new_project(tmp_path / "fresh" / "demo", answers).path
     make_edits(fresh, edits)
     return files_of(fresh)
 
@@ -411,6 +413,159 @@ def test_edit_of_the_old_engine_step_follows_it_into_train_py(
     assert batch not in (engine_step_project / "src/demo/runtime/engine.py").read_text()
     moved = ("src/demo/train.py", batch, edited)
     assert files_of(engine_step_project) == new_project_with(tmp_path, [moved])
+
+
+# --- a project of the template before its modules were split --------------------------------
+
+# The template of 1a11658, before FSDP's parts of runtime/distributed.py moved into
+# runtime/sharding.py, the shard cache of runtime/shards.py into runtime/shardcache.py,
+# stage_run and check_shared into runtime/rundir.py, sample_rng and read_batch from
+# runtime/loader.py into datatools.py, and before the step took one autocast and one GradScaler.
+BEFORE_SPLITS = Path(__file__).parent / "fixtures" / "template-before-splits.tar.gz"
+CPU_FP32 = {"device": "cpu", "precision": "fp32"}
+# The owner's edits, each (definition, its file in the old render, its file now, text as
+# rendered, text as edited): inside definitions the template moved to another file, and where
+# nothing moved (model.py; train.py's step, whose precision lines changed around the edit).
+# Each edited line is one the template left as it was, and its neighbours too: git conflicts
+# on an edit next to a changed line (rightly), so should a later template change one, edit
+# another line instead.
+EDITS_OF_EVERY_RENDER = [
+    (
+        "sample_rng",
+        "src/demo/runtime/loader.py",
+        "src/demo/datatools.py",
+        'int.from_bytes(key, "little") >> 1)',
+        'int.from_bytes(key, "little") >> 1)  # a seed of 63 bits',
+    ),
+    (
+        "train_step",
+        "src/demo/train.py",
+        "src/demo/train.py",
+        "x, y = next(batches)",
+        "x, y = next(batches)  # one micro-batch",
+    ),
+]
+SPLIT_RENDERS = {
+    "default": (
+        CPU_FP32,
+        [
+            (
+                "stage_run",
+                "src/demo/runtime/distributed.py",
+                "src/demo/runtime/rundir.py",
+                "store.pull()",
+                "store.pull()  # the newest checkpoint",
+            ),
+            (
+                "compute_loss",
+                "src/demo/model.py",
+                "src/demo/model.py",
+                "F.cross_entropy(logits.float(), y)",
+                "F.cross_entropy(logits.float(), y, label_smoothing=0.1)",
+            ),
+        ],
+    ),
+    "custom-fsdp-streaming-finetune": (
+        {**CPU_FP32, "task": "custom", "distributed": "fsdp", "streaming": True, "finetune": True},
+        [
+            # not the line `store.pull()`: the template changed the one after it (`barrier()`)
+            (
+                "stage_run",
+                "src/demo/runtime/distributed.py",
+                "src/demo/runtime/rundir.py",
+                "check_shared(store.local, group, store.url)",
+                "check_shared(store.local, group, store.url)  # before any rank writes",
+            ),
+            (
+                "materialize",
+                "src/demo/runtime/distributed.py",
+                "src/demo/runtime/sharding.py",
+                "torch.manual_seed(cfg.seed)",
+                "torch.manual_seed(cfg.seed)  # the same draws on every rank",
+            ),
+            (
+                "cache_bytes",
+                "src/demo/runtime/shards.py",
+                "src/demo/runtime/shardcache.py",
+                "give a size such as 20GB or 500MB",
+                "give a size such as 20GB, 500MB or 1.5TB",
+            ),
+            (
+                "compute_loss",
+                "src/demo/model.py",
+                "src/demo/model.py",
+                "return F.mse_loss(output.float(), targets)",
+                'return F.mse_loss(output.float(), targets, reduction="mean")',
+            ),
+        ],
+    ),
+}
+
+
+def updated_from_before_the_splits(scaffold, tmp_path, render: str) -> Path:
+    """A project of the template of 1a11658 with the owner's edits of `render`, committed, then
+    updated to the installed template: checked to be a new project's files with the edits where
+    the code now lives, every move followed and nothing left behind in the old files."""
+    answers, edits = SPLIT_RENDERS[render]
+    edits = [*EDITS_OF_EVERY_RENDER, *edits]
+    with tarfile.open(BEFORE_SPLITS) as archive:
+        archive.extractall(tmp_path / "before-splits", filter="data")
+    old_template = tmp_path / "before-splits" / "templates"
+    project = new_project(tmp_path / "demo", answers, template=old_template).path
+    edit_and_commit(project, [(old, text, edited) for _, old, _, text, edited in edits])
+
+    ran = scaffold("update", project)
+
+    assert ran.exit_code == 0, ran.stdout + ran.stderr
+    assert ran.stdout.startswith(f"Updated {project}: merged"), ran.stdout
+    for name, old, new, _, edited in edits:
+        assert edited in (project / new).read_text(), (name, new)
+        if old != new:
+            moved = rf"^  moved (\w+, )*{name}(, \w+)* from {re.escape(old)} to {re.escape(new)} "
+            assert re.search(moved, ran.stdout, re.MULTILINE), (name, ran.stdout)
+            left = (project / old).read_text()
+            assert f"def {name}(" not in left and edited not in left, (name, old)
+    # Exactly a new project's files with the edits: nothing of the old modules is left.
+    now = [(new, text, edited) for _, _, new, text, edited in edits]
+    assert files_of(project) == new_project_with(tmp_path, now, answers)
+    assert git(project, "status", "--porcelain") == ""
+    return project
+
+
+@pytest.mark.parametrize("render", list(SPLIT_RENDERS))
+def test_project_from_before_the_splits_keeps_its_edits_where_the_code_went(
+    scaffold, tmp_path, render
+):
+    """The owner's edits follow their definitions into sharding.py, shardcache.py, rundir.py
+    and datatools.py, stay in model.py and train.py, and the files they are in lint clean.
+    Every other file is a new render's own, so those files are all the update could break;
+    the slow test below imports the package (it starts torch)."""
+    project = updated_from_before_the_splits(scaffold, tmp_path, render)
+
+    edits = [*EDITS_OF_EVERY_RENDER, *SPLIT_RENDERS[render][1]]
+    edited_files = sorted({new for _, _, new, _, _ in edits})
+    for lint in (["ruff", "check"], ["ruff", "format", "--check"]):
+        linted = subprocess.run(
+            [*lint, "--no-cache", "-q", *edited_files], cwd=project, capture_output=True, text=True
+        )
+        assert linted.returncode == 0, linted.stdout + linted.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("render", list(SPLIT_RENDERS))
+def test_project_from_before_the_splits_imports_once_updated(scaffold, tmp_path, render):
+    """Every module of the updated package imports (no name left behind by a move, no import
+    circle through the new modules)."""
+    project = updated_from_before_the_splits(scaffold, tmp_path, render)
+    every_module = (
+        "import importlib, pkgutil, demo\n"
+        "for m in pkgutil.walk_packages(demo.__path__, 'demo.'): importlib.import_module(m.name)"
+    )
+    env = {**os.environ, "PYTHONPATH": str(project / "src")}
+    imported = subprocess.run(
+        [sys.executable, "-c", every_module], cwd=project, env=env, capture_output=True, text=True
+    )
+    assert imported.returncode == 0, imported.stderr
 
 
 # --- definitions the template moved from one file to another ------------------------------
