@@ -1,5 +1,6 @@
-"""The golden renders read as a person's project: no module over 400 lines, no import circle
-(type-only and function-level imports included), and the user's data.py on no machinery."""
+"""The golden renders, and a streaming render of each task, read as a person's project: no module
+over 400 lines, no import circle (type-only and function-level imports included), and the user's
+data.py on no machinery."""
 
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from scaffold.combinations import combinations
+from scaffold.matrix.files import FileRenderer
+
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
 LONGEST = 400
+TASKS = ("classification", "regression", "image", "generation", "custom")
+# Streaming adds shard readers and writers to every task: with the other answers that add modules.
+STREAMING = {"streaming": True, "distributed": "fsdp", "finetune": True, "tracker": "mlflow"}
 
 
 def modules(project: Path) -> dict[str, Path]:
@@ -82,7 +89,51 @@ def test_a_circle_is_found_through_a_type_only_import(tmp_path):
     assert circles(tmp_path) == [["p.a", "p.b"]]
 
 
-def test_the_users_data_py_imports_no_machinery():
-    known = modules(GOLDEN_DIR / "default")
-    data = next(name for name in known if name.endswith(".data"))
-    assert not {m for m in imports(data, known[data], known) if ".runtime" in m}
+@pytest.fixture(scope="module")
+def streaming_renders(tmp_path_factory) -> dict[str, Path]:
+    """{task: a project rendered with streaming on}, written under a temporary folder."""
+    renderer, root = FileRenderer(), tmp_path_factory.mktemp("streaming")
+    projects = {}
+    for task in TASKS:
+        answers = next(
+            c for c in combinations() if c.items() >= {**STREAMING, "task": task}.items()
+        )
+        for path, text in renderer.render({**answers, "project_name": "demo"}).items():
+            (root / task / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / task / path).write_text(text, encoding="utf-8")
+        projects[task] = root / task
+    return projects
+
+
+def machinery_under_data(project: Path) -> set[str]:
+    """The runtime/ modules that data.py imports, or that a module it imports imports, and so on."""
+    known = modules(project)
+    todo = [next(name for name in known if name.endswith(".data"))]
+    seen: set[str] = set()
+    while todo:
+        name = todo.pop()
+        for after in imports(name, known[name], known) - seen:
+            seen.add(after)
+            todo.append(after)
+    return {name for name in seen if ".runtime" in name}
+
+
+@pytest.mark.parametrize("name", ["default", "everything"])
+def test_the_users_data_py_imports_no_machinery(name):
+    """The machinery may import the user's files, not the other way round."""
+    assert not machinery_under_data(GOLDEN_DIR / name)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_a_streaming_render_reads_as_a_persons_project(streaming_renders, task):
+    """Its shards are read and written by data_shards.py, beside data.py: not by data.py."""
+    project = streaming_renders[task]
+    long = [
+        path.name
+        for path in (project / "src").rglob("*.py")
+        if len(path.read_text(encoding="utf-8").splitlines()) > LONGEST
+    ]
+    assert not long
+    assert circles(project) == []
+    assert not machinery_under_data(project)
+    assert (project / "src" / "demo" / "data_shards.py").is_file()

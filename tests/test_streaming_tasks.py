@@ -131,7 +131,7 @@ def checked_index(folder: Path, task: str) -> dict:
 SAME_SPLITS = """
 import sys, torch
 from demo.config import Config
-from demo.data import load_splits
+from demo.data_shards import load_splits
 from demo.runtime.loader import read_batch
 
 local = load_splits(Config(data=SOURCE, batch_size=4, **LABEL))
@@ -184,7 +184,8 @@ def test_generation_shards_hold_the_text_and_validate_on_its_windows(prepared):
     code = f"""
 import numpy as np, torch
 from demo.config import Config
-from demo.data import load_splits, synthetic_text
+from demo.data import synthetic_text
+from demo.data_shards import load_splits
 from demo.runtime.loader import read_batch
 from demo.tokens import EOT
 

@@ -22,7 +22,8 @@ import sys
 from pathlib import Path
 
 from .config import ConfigError, add_config_arguments, config_from_args
-from .data import DataError, load_splits, summarize
+from .data import DataError, summarize
+from .data_shards import load_splits
 from .prepare import add_prepare, prepare
 from .runtime.checkpoint import CheckpointError, export
 from .runtime.distributed import leave_with_the_group, lost_a_rank, report_failure, shutdown, tell_launcher

@@ -9,7 +9,8 @@ A .npz with `lengths` holds variable-length sequences, example i being the next 
 of x, with a target per sequence (y of shape (N,)) or per row (y of shape (len(x),)).
 
 Pairs written as shards (`prepare --data pairs.npz --out DEST`: .npz files of arrays inputs (n, F)
-and targets (n,)) stream from a folder or a URL: `train --data DEST` (runtime/shards.py).
+and targets (n,)) stream from a folder or a URL: `train --data DEST`. data_shards.py writes and
+reads them, and its load_splits hands any other --data to this file's.
 
 What the rest of the project needs from `data.py` (the loop, the checks and `inspect-data` use
 nothing else, so a dataset of your own works if it keeps to this):
@@ -29,7 +30,6 @@ nothing else, so a dataset of your own works if it keeps to this):
 """
 
 import hashlib
-import io
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +40,6 @@ from torch.utils.data import Dataset
 
 from .config import Config
 from .datatools import read_batch, sample_rng
-from .runtime import shards
 
 SPLIT_SEED = 20240601  # fixed, so every run (whatever its --seed) validates on the same examples
 
@@ -130,8 +129,8 @@ class SequenceDataset(Dataset):
 
 @dataclass
 class Splits:
-    train: PairDataset | SequenceDataset | shards.ShardedSplit
-    val: PairDataset | SequenceDataset | shards.ShardedSplit
+    train: PairDataset | SequenceDataset | Dataset
+    val: PairDataset | SequenceDataset | Dataset
     source: str
     digest: str  # of the data's contents: a resumed run refuses data that changed
 
@@ -149,11 +148,6 @@ class Splits:
 
 
 def load_splits(cfg: Config) -> Splits:
-    if shards.is_shards(cfg.data):  # prepared shards, fetched as training reaches them
-        index = shards.open_index(cfg.data)
-        noise = {"train": cfg.input_noise, "val": 0.0}
-        train, val = shards.streamed_splits(cfg, index, lambda split: PairShards(noise[split], cfg.seed))
-        return Splits(train, val, cfg.data, shards.index_digest(index))
     inputs, targets, lengths = (*example_data(), None) if cfg.data is None else read_pairs(Path(cfg.data))
     n = len(targets) if lengths is None else len(lengths)
     order = np.random.default_rng(SPLIT_SEED).permutation(n)
@@ -175,35 +169,6 @@ def load_splits(cfg: Config) -> Splits:
     )
     val = SequenceDataset(inputs, targets, starts[val_idx], ends[val_idx], longest)
     return Splits(train, val, source, contents)
-
-
-class PairShards:
-    """The shards' reader (runtime/shards.py's ShardReader): .npz files of inputs (n, F) and targets (n,)."""
-
-    def __init__(self, noise: float = 0, seed: int = 0) -> None:
-        self.noise, self.seed = noise, seed
-
-    def count(self, entry: dict) -> int:
-        return entry["examples"]
-
-    def open(self, path: Path) -> PairDataset:
-        with np.load(path, allow_pickle=False) as arrays:
-            inputs, targets = torch.from_numpy(arrays["inputs"]), torch.from_numpy(arrays["targets"])
-        return PairDataset(inputs, targets, self.noise, self.seed)
-
-
-def write_shards(cfg: Config, writer: shards.ShardWriter) -> None:
-    """`prepare`: the splits load_splits makes of --data, as .npz shards of about writer.shard_bytes."""
-    splits = load_splits(cfg)
-    if isinstance(splits.train, SequenceDataset):
-        raise DataError(f"{cfg.data}: sequences (lengths) are not written as shards: pairs only")
-    for name, split in (("train", splits.train), ("val", splits.val)):
-        rows = max(1, writer.shard_bytes // (split.inputs[0].nbytes + split.targets[0].nbytes))
-        for first in range(0, len(split), rows):
-            inputs, targets = split.inputs[first : first + rows], split.targets[first : first + rows]
-            buffer = io.BytesIO()
-            np.savez(buffer, inputs=inputs.numpy(), targets=targets.numpy())
-            writer.add(name, buffer.getvalue(), len(targets), ".npz")
 
 
 def example_data(n: int = 4096) -> tuple[np.ndarray, np.ndarray]:

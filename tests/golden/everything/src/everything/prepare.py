@@ -3,12 +3,12 @@
 
     python -m everything prepare --data SOURCE --out s3://bucket/data
 
---shard-mb sets the size a shard aims at (64 MB by default). What goes into a shard is data.py's
-`write_shards(cfg, writer)`; reading one back, its reader's.
+--shard-mb sets the size a shard aims at (64 MB by default). What goes into a shard is
+data_shards.py's `write_shards(cfg, writer)`; reading one back, its reader's.
 """
 
 from .config import Config, add_config_arguments
-from .data import write_shards
+from .data_shards import write_shards
 from .runtime.shards import ShardWriter
 
 TASK = "custom"

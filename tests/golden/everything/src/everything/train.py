@@ -24,7 +24,7 @@ import torch
 from tqdm import tqdm
 
 from .config import Config
-from .data import load_splits
+from .data_shards import load_splits
 from .model import Metrics, compute_loss
 from .runtime import device as hardware
 from .runtime import distributed

@@ -50,7 +50,7 @@ IN_FLIGHT = 2  # batches read besides those the loader's workers hold, before a 
 
 
 class ShardReader(Protocol):
-    """What a task gives for each split (data.py): how to count and open one of its shards."""
+    """What a task gives for each split (data_shards.py): how to count and open one of its shards."""
 
     def count(self, entry: dict) -> int:
         """Examples in the shard `entry` of the index names (its "examples", or worked out from it)."""

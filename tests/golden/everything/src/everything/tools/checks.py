@@ -28,7 +28,8 @@ from pathlib import Path
 import torch
 
 from ..config import Config, ConfigError
-from ..data import DataError, load_splits
+from ..data import DataError
+from ..data_shards import load_splits
 from ..model import compute_loss, initial_loss, overfit_target
 from ..runtime.distributed import all_reduce_sum, any_rank_max, init_distributed, run_as_processes
 from ..runtime.engine import Engine, setup

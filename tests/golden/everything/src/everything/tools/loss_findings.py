@@ -135,7 +135,8 @@ def find_val_better(run: Run, leak_test: bool) -> list[Finding]:
 def leak_share(run: Run) -> tuple[int, int] | None:
     """(validation inputs also found in train, validation inputs hashed), or None if the data is gone."""
     from ..config import Config, ConfigError  # the data is read only for this test
-    from ..data import DataError, load_splits
+    from ..data import DataError
+    from ..data_shards import load_splits
 
     try:
         splits = load_splits(Config(**run.config))

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from ..config import Config
-from ..data import load_splits
+from ..data_shards import load_splits
 from ..model import build_model
 from ..runtime.checkpoint import load, remove, step_name
 from ..runtime.distributed import barrier, init_distributed

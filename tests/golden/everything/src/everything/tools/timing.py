@@ -11,7 +11,7 @@ from functools import partial
 import torch
 
 from ..config import Config
-from ..data import load_splits
+from ..data_shards import load_splits
 from ..runtime.device import sample_utilization, synchronize
 from ..runtime.distributed import is_main_process
 from ..runtime.engine import Engine, setup

@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 
 from ..config import Config
-from ..data import load_splits
+from ..data_shards import load_splits
 from ..runtime import device as hardware
 from ..runtime.engine import Engine, setup
 from ..runtime.loader import EpochDataset
