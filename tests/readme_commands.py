@@ -1,5 +1,6 @@
 """The commands of a README, as a user pastes them: every line of its ```bash blocks (a line ending
-in a backslash joined to the next), each to be run in order in the folder the README is about.
+in a backslash joined to the next), each to be run in order in the folder the README is about. A
+generated project's manual is its README and the docs/*.md it points to, read README first.
 
 Used by tests/test_readme_commands.py on the generated projects' READMEs and on scaffold's own."""
 
@@ -45,6 +46,17 @@ def fenced_commands(markdown: str) -> list[Command]:
         joined = re.sub(r"\\\n\s*", "", block)
         found += [Command(line.strip()) for line in joined.splitlines() if line.strip()]
     return found
+
+
+def manual(project: Path) -> list[Path]:
+    """A generated project's manual: its README.md, then each of its docs/*.md in name order."""
+    return [project / "README.md", *sorted((project / "docs").glob("*.md"))]
+
+
+def manual_commands(project: Path) -> list[Command]:
+    """Every command of the project's manual (README.md, then docs/*.md), in that order."""
+    texts = [path.read_text(encoding="utf-8") for path in manual(project)]
+    return [command for text in texts for command in fenced_commands(text)]
 
 
 def run(command: Command, cwd: Path, env: dict[str, str], timeout: float) -> Ran:

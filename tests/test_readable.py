@@ -1,6 +1,8 @@
-"""The golden renders, and a streaming render of each task, read as a person's project: no module
-over 400 lines, no import circle (type-only and function-level imports included), and the user's
-data.py on no machinery."""
+"""The golden renders, a streaming render of each task and each task's largest renders (those
+with the most answers away from their first values) read as a person's project: no module over 400
+lines, no import circle (type-only and function-level imports included), and the user's data.py on
+no machinery. Its manual too: no README.md or docs/*.md over 400 lines, and every docs page linked
+from the README."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from scaffold.combinations import combinations
+from scaffold.combinations import combination_id, combinations
 from scaffold.matrix.files import FileRenderer
 
 GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
@@ -71,6 +73,84 @@ def test_no_module_is_over_400_lines(name):
         if (n := len(path.read_text(encoding="utf-8").splitlines())) > LONGEST
     }
     assert not long
+
+
+TASKS = ["classification", "regression", "image", "generation", "custom"]
+
+
+@pytest.fixture(scope="module")
+def largest():
+    """{task: {combination id: {path: text}}}: each task's renders with the most answers away from
+    their first values (every boolean on, a tracker, cuda, ddp or fsdp, ...), their README.md,
+    docs/*.md and modules, rendered in memory."""
+    combos = combinations()
+    first = combos[0]
+
+    def away(answers):
+        return sum(answers[k] != first[k] for k in answers)
+
+    renderer, found = FileRenderer(), {}
+    for task in TASKS:
+        own = [c for c in combos if c["task"] == task]
+        most = max(map(away, own))
+        found[task] = {}
+        for answers in (c for c in own if away(c) == most):
+            context = renderer.context({**answers, "project_name": "everything"})
+            found[task][combination_id(answers)] = {
+                path: renderer.text(source, context)
+                for source, path in renderer.paths(context)
+                if path.endswith((".md", ".py"))
+            }
+    return found
+
+
+def golden_files(name: str) -> dict[str, str]:
+    root = GOLDEN_DIR / name
+    return {
+        str(p.relative_to(root)): p.read_text(encoding="utf-8")
+        for p in root.rglob("*")
+        if p.suffix in (".md", ".py")
+    }
+
+
+def manual_pages(files: dict[str, str]) -> dict[str, str]:
+    return {p: t for p, t in files.items() if p == "README.md" or p.startswith("docs/")}
+
+
+def too_long(files: dict[str, str]) -> dict[str, int]:
+    return {p: n for p, t in files.items() if (n := len(t.splitlines())) > LONGEST}
+
+
+@pytest.mark.parametrize("name", ["default", "everything"])
+def test_no_page_of_the_goldens_manual_is_over_400_lines(name):
+    pages = manual_pages(golden_files(name))
+    assert "README.md" in pages and "docs/object-store.md" in pages
+    assert not too_long(pages)
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_no_page_of_a_tasks_largest_manual_is_over_400_lines(task, largest):
+    long = {key: too_long(manual_pages(files)) for key, files in largest[task].items()}
+    assert not {key: pages for key, pages in long.items() if pages}
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_no_module_of_a_tasks_largest_render_is_over_400_lines(task, largest):
+    long = {
+        key: too_long({p: t for p, t in files.items() if p.endswith(".py")})
+        for key, files in largest[task].items()
+    }
+    assert not {key: modules for key, modules in long.items() if modules}
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_every_docs_page_is_linked_from_the_readme(task, largest):
+    """A page the README does not point to is a page nobody finds."""
+    for files in [golden_files("default"), golden_files("everything"), *largest[task].values()]:
+        docs = [p for p in files if p.startswith("docs/")]
+        assert docs, "docs/object-store.md at least"
+        for page in docs:
+            assert f"]({page})" in files["README.md"] or f"]({page}#" in files["README.md"], page
 
 
 @pytest.mark.parametrize("name", ["default", "everything"])

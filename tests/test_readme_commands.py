@@ -1,7 +1,8 @@
-"""Every command of a generated project's README runs as pasted, in the README's order, and exits
-as the README says (0; diagnose 0 or 1, "exit 1 if any"): custom, image + ddp, generation and
-regression + fsdp, each rendered fresh; the default project's README runs the same way in
-tests/test_install.py, in the fresh environment its own set-up line installs it into.
+"""Every command of a generated project's README, and of the docs/*.md it points to (after it, in
+name order), runs as pasted, in that order, and exits as the text says (0; diagnose 0 or 1, "exit
+1 if any"): custom, image + ddp, generation and regression + fsdp, each rendered fresh; the default
+project's README runs the same way in tests/test_install.py, in the fresh environment its own
+set-up line installs it into.
 
 The one scaling is `--max-steps`, an option the README shows, added to each `train` and torchrun
 script line. What this machine cannot run as pasted is left out by name (NOT_HERE: the install,
@@ -19,7 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from readme_commands import Ran, fenced_commands, indented_commands, run
+from readme_commands import Ran, indented_commands, manual, manual_commands, run
 
 from scaffold.render import new_project
 
@@ -62,7 +63,7 @@ PLACEHOLDERS = {
 def users_files(project: Path, answers: dict) -> None:
     """What the README's commands name as the user's own files (PLACEHOLDERS)."""
     task = answers.get("task", "classification")
-    readme = (project / "README.md").read_text(encoding="utf-8")
+    readme = "\n".join(path.read_text(encoding="utf-8") for path in manual(project))
     for name in PLACEHOLDERS[task]:
         assert re.search(rf"`{re.escape(name)}`[^.]*\bstands? for\b", readme), name
     if task in ("classification", "regression"):  # the synthetic default's columns
@@ -112,10 +113,10 @@ def test_every_readme_command_runs_as_pasted(case, tmp_path):
 
 
 def run_as_pasted(project: Path, env: dict[str, str], not_here: dict[str, str]) -> dict[str, Ran]:
-    """Runs every command of `project`'s README in order but those starting with a key of
-    `not_here`, each as the README says it exits; a command that reads the newest run must read
-    the one trained last. What ran, by its line as run."""
-    commands = fenced_commands((project / "README.md").read_text(encoding="utf-8"))
+    """Runs every command of `project`'s manual (README, then docs/) in order but those starting
+    with a key of `not_here`, each as the text says it exits; a command that reads the newest run
+    must read the one trained last. What ran, by its line as run."""
+    commands = manual_commands(project)
     ran, left_out, trained, read = {}, [], [], []
     for command in commands:
         why = next((why for start, why in not_here.items() if command.line.startswith(start)), None)
