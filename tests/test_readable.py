@@ -75,9 +75,6 @@ def test_no_module_is_over_400_lines(name):
     assert not long
 
 
-TASKS = ["classification", "regression", "image", "generation", "custom"]
-
-
 @pytest.fixture(scope="module")
 def largest():
     """{task: {combination id: {path: text}}}: each task's renders with the most answers away from
@@ -173,11 +170,9 @@ def test_a_circle_is_found_through_a_type_only_import(tmp_path):
 def streaming_renders(tmp_path_factory) -> dict[str, Path]:
     """{task: a project rendered with streaming on}, written under a temporary folder."""
     renderer, root = FileRenderer(), tmp_path_factory.mktemp("streaming")
-    projects = {}
+    combos, projects = combinations(), {}
     for task in TASKS:
-        answers = next(
-            c for c in combinations() if c.items() >= {**STREAMING, "task": task}.items()
-        )
+        answers = next(c for c in combos if c.items() >= {**STREAMING, "task": task}.items())
         for path, text in renderer.render({**answers, "project_name": "demo"}).items():
             (root / task / path).parent.mkdir(parents=True, exist_ok=True)
             (root / task / path).write_text(text, encoding="utf-8")
