@@ -289,6 +289,27 @@ def test_workers_stop_with_their_launcher_killed_and_a_relaunch_resumes_bit_iden
     assert records(project / "runs" / "orphaned") == records(two_process_run)  # bit for bit
 
 
+def test_a_repeat_of_the_launchers_death_signal_inside_its_handler_does_not_abort_the_stop(project):
+    """CI saw the race: Linux sends SIGHUP once per thread of the dying launcher, and one arrived
+    before the handler's first line, so Python ran the handler again inside it (its SIG_IGN not yet
+    set) and the worker raised SIGTERM twice: "aborted by a second SIGTERM", no checkpoint. A
+    direct second call stands in for that nested one: the stop must be noted once and not abort."""
+    probe = (
+        "import signal\n"
+        "from ddp_demo.runtime import distributed\n"
+        "from ddp_demo.runtime.stopping import StopSignals\n"
+        "with StopSignals() as stop:\n"
+        "    distributed._launcher_ended(signal.SIGHUP, None)\n"
+        "    distributed._launcher_ended(signal.SIGHUP, None)\n"
+        "print('stopping by', signal.Signals(stop.signum).name)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=project, env=_env(project),
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == ["stopping by SIGTERM"], done.stdout + done.stderr
+    assert done.stderr.splitlines() == ["the launcher ended: stopping after this step"], done.stderr
+
+
 # --- stop signals under torchrun: every rank stops at the same step, with its checkpoint ---------
 
 STOPPED = re.compile(r"^stopped at step (\d+) by (SIG\w+); checkpoint (\S+); run the same command")

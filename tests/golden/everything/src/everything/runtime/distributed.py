@@ -21,6 +21,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from dataclasses import dataclass
@@ -85,6 +86,7 @@ def init_distributed(device_type: str) -> Dist:
 WORKER_START = multiprocessing.get_context("forkserver")
 WORKER_START.set_forkserver_preload([f"{__package__.rpartition('.')[0]}.data"])
 PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h): a signal for when the parent dies
+LAUNCHER_ENDED = threading.Lock()  # taken by the first of the launcher's death signals
 
 
 def stop_with_launcher() -> None:
@@ -103,7 +105,11 @@ def stop_with_launcher() -> None:
 def _launcher_ended(signum: int, frame) -> None:
     """Stops this worker as SIGTERM does, once: Linux sends the signal again each time the dying
     launcher's thread that is its parent ends and another takes its place (twice in 3 kills of a
-    process of 9 threads), and a second SIGTERM would abort the stop."""
+    process of 9 threads), and a second SIGTERM would abort the stop. A repeat can even run this
+    handler inside itself, before its first line has run (CI saw the abort): the lock, taken in one
+    call, lets one through."""
+    if not LAUNCHER_ENDED.acquire(blocking=False):
+        return
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     if is_main_process():
         print("the launcher ended: stopping after this step", file=sys.stderr, flush=True)
