@@ -289,6 +289,37 @@ def test_workers_stop_with_their_launcher_killed_and_a_relaunch_resumes_bit_iden
     assert records(project / "runs" / "orphaned") == records(two_process_run)  # bit for bit
 
 
+def test_loader_workers_start_from_a_server_that_imported_all_they_unpickle(project):
+    """Loader workers start from a forkserver (not forked from a rank: CPython gh-112275). Each one
+    unpickles its dataset, collate and seeding functions, importing any module the server has not:
+    runtime/loader.py (and with it torch.distributed's FSDP and checkpoint machinery) took a worker
+    0.8 s of every start. Every module those objects name must be one the server preloads."""
+    probe = (
+        "import multiprocessing.forkserver, pickle, pickletools, subprocess, sys, torch\n"
+        "from ddp_demo.config import Config\n"
+        "from ddp_demo.data import load_splits\n"
+        "from ddp_demo.runtime.loader import build_loaders\n"
+        "cfg = Config(num_workers=1)\n"
+        "train, val, _ = build_loaders(load_splits(cfg), cfg, torch.device('cpu'))\n"
+        "named = set()\n"
+        "for loader in (train, val):\n"
+        "    sent = (loader.dataset, loader.collate_fn, loader.worker_init_fn)\n"
+        "    for op, arg, _ in pickletools.genops(pickle.dumps(sent, protocol=2)):\n"
+        "        if op.name == 'GLOBAL':\n"
+        "            named.add(arg.split()[0])\n"
+        "preload = multiprocessing.forkserver._forkserver._preload_modules\n"
+        "check = f'import sys, {\", \".join(preload)}; print(sorted(sys.modules))'\n"
+        "loaded = subprocess.run([sys.executable, '-c', check], capture_output=True, text=True)\n"
+        "missing = sorted(m for m in named if m not in eval(loaded.stdout))\n"
+        "print(sorted(named), preload, 'missing:', missing)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], cwd=project, env=_env(project),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "ddp_demo.runtime.loader" in done.stdout, done.stdout  # the functions' module is named
+    assert done.stdout.rstrip().endswith("missing: []"), done.stdout
+
+
 def test_a_repeat_of_the_launchers_death_signal_inside_its_handler_does_not_abort_the_stop(project):
     """CI saw the race: Linux sends SIGHUP once per thread of the dying launcher, and one arrived
     before the handler's first line, so Python ran the handler again inside it (its SIG_IGN not yet

@@ -82,9 +82,12 @@ def init_distributed(device_type: str) -> Dist:
 # Loader workers start from a server process, not forked from this one: the process group's threads
 # take Python's thread-state lock, and a fork while one held it deadlocked the worker for good
 # (CPython gh-112275, in 3.11.7 and before: a validation's loader never started, in 2 of 2 CI runs).
-# The server imports the data module (and torch) once: each worker then starts without importing them.
+# The server imports the modules a worker unpickles its dataset, collate and seeding functions from
+# (and torch) once: each worker then starts without importing them. Importing runtime/loader.py (and
+# with it this module) took a worker 0.8 s of each start in an fsdp project, a loader's every start.
 WORKER_START = multiprocessing.get_context("forkserver")
-WORKER_START.set_forkserver_preload([f"{__package__.rpartition('.')[0]}.data"])
+PROJECT = __package__.rpartition(".")[0]  # the package above runtime/
+WORKER_START.set_forkserver_preload([f"{PROJECT}.data_shards", f"{PROJECT}.runtime.loader"])
 PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h): a signal for when the parent dies
 LAUNCHER_ENDED = threading.Lock()  # taken by the first of the launcher's death signals
 
@@ -278,11 +281,10 @@ def run_as_processes(processes: int, command) -> int:
     that job's rendezvous and waits out its 600 s timeout."""
     if "RANK" in os.environ:
         return command()
-    package = __package__.rpartition(".")[0]  # the project's, above runtime
     command = [
-        sys.executable, "-m", f"{package}.runtime.launch", "--nnodes", "1",
+        sys.executable, "-m", f"{PROJECT}.runtime.launch", "--nnodes", "1",
         "--nproc-per-node", str(processes), "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", "127.0.0.1:0", "-m", package, *sys.argv[1:],
+        "--rdzv-endpoint", "127.0.0.1:0", "-m", PROJECT, *sys.argv[1:],
     ]  # fmt: skip
     return subprocess.run(command).returncode
 
