@@ -19,6 +19,7 @@ from pathlib import Path
 import launchers
 import pytest
 import torch
+import warm_python
 from test_project import _env, records, render
 
 FAULTS = Path(__file__).resolve().parent / "fault_inject"
@@ -72,9 +73,7 @@ def two_process_run(project):
         *SMALL,
         extra=("--nnodes", "1"),
     )
-    done = subprocess.run(
-        command, cwd=project, env=_env_ddp(project), capture_output=True, text=True, timeout=600
-    )
+    done = warm_python.run(command, cwd=project, env=_env_ddp(project), timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return project / "runs" / "two"
 
@@ -82,8 +81,7 @@ def two_process_run(project):
 def test_two_processes_match_one_process_with_the_global_batch(project, two_process_run):
     args = ["train", "--run-dir", "runs/one", "--max-steps", "60", "--batch-size", "32", *SMALL]
     command = [sys.executable, "-m", "ddp_demo", *args]
-    single = subprocess.run(command, cwd=project, env=_env(project),
-                            capture_output=True, text=True, timeout=600)  # fmt: skip
+    single = warm_python.run(command, cwd=project, env=_env(project), timeout=600)
     assert single.returncode == 0, single.stderr
     one = [r for r in records(project / "runs" / "one") if r["split"] == "train"]
     two = [r for r in records(two_process_run) if r["split"] == "train"]
@@ -281,8 +279,7 @@ def test_workers_stop_with_their_launcher_killed_and_a_relaunch_resumes_bit_iden
     step = int(stopped[0].split()[3])
     assert 25 <= step < 60
 
-    again = subprocess.run(command, cwd=project, env=_env_ddp(project), capture_output=True,
-                           text=True, timeout=600)  # fmt: skip
+    again = warm_python.run(command, cwd=project, env=_env_ddp(project), timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     resumed = [line for line in again.stdout.splitlines() if line.startswith("resuming from")]
     assert len(resumed) == 1 and int(resumed[0].rsplit(" ", 1)[1]) >= step - 10, again.stdout
@@ -379,8 +376,7 @@ def _stopped(log: str) -> tuple[int, str, Path]:
 def _resume_and_compare(project, run_dir: str, reference: Path, step: int) -> None:
     command = _torchrun(project, "train", "--run-dir", run_dir, "--max-steps", "60",
                         "--batch-size", "16", *SMALL, extra=("--nnodes", "1"))  # fmt: skip
-    done = subprocess.run(command, cwd=project, env=_env_ddp(project), capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = warm_python.run(command, cwd=project, env=_env_ddp(project), timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert f"at step {step}\n" in done.stdout
     metrics = (project / run_dir / "metrics.jsonl").read_bytes()
@@ -512,7 +508,7 @@ def test_the_slurm_job_stops_on_its_warning_signal_and_requeues(project, two_pro
     )
 
     env["MASTER_PORT"] = str(_port())
-    again = subprocess.run(job, cwd=project, env=env, capture_output=True, text=True, timeout=600)
+    again = warm_python.run(job, cwd=project, env=env, timeout=600)
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
     assert f"resuming from {checkpoint} at step {step}" in again.stdout
     assert calls.read_text().count("requeue") == 1  # a job that ends is not requeued
@@ -541,8 +537,7 @@ def test_a_second_ddp_launch_on_a_running_run_folder_is_refused(project):
         lines: list[str] = []  # read on while the second starts: a full pipe would block the first
         drain = threading.Thread(target=lambda: lines.extend(first.stdout), daemon=True)
         drain.start()
-        second = subprocess.run(launch(), cwd=project, env=_env_ddp(project),
-                                capture_output=True, text=True, timeout=300)  # fmt: skip
+        second = warm_python.run(launch(), cwd=project, env=_env_ddp(project), timeout=300)
         still_running = first.poll() is None
         first.send_signal(signal.SIGTERM)
         first.wait(timeout=120)
@@ -599,8 +594,7 @@ def _full_disk(project, run_dir: str, fault: dict, nproc: int = 2) -> subprocess
     command = _torchrun(project, "train", "--run-dir", run_dir, "--max-steps", "30", "--batch-size",
                         "16", *SMALL, nproc=nproc,
                         extra=("--nnodes", "1", "--max-restarts", "3"))  # fmt: skip
-    return subprocess.run(command, cwd=project, env=env, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+    return warm_python.run(command, cwd=project, env=env, timeout=300)
 
 
 def group_starts(done: subprocess.CompletedProcess) -> int:

@@ -58,7 +58,7 @@ def run(project: Path, *args, fault: dict | None = None, limit_memory: bool = Fa
     def small_address_space():  # a label that asks for a huge model fails, not the machine
         resource.setrlimit(resource.RLIMIT_AS, (16 << 30, 16 << 30))
 
-    if fault is None and not limit_memory:  # forked from a warm interpreter (tests/warm_python.py)
+    if not limit_memory:  # forked from a warm interpreter (tests/warm_python.py), its fault too
         return warm_python.run(_command(project, args), cwd=project, env=env, timeout=600)
     return subprocess.run(
         _command(project, args),

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 from test_ddp import _env_ddp, _torchrun
 from test_project import SMALL_RUN, _env, kill_at_step, records, render, run
 
@@ -237,9 +238,7 @@ def test_check_resume_with_ranks_crosses_the_unfreeze_with_the_average_on(distri
                 decay,
             )
             command = _torchrun(project, *args, extra=("--nnodes", "1"))
-            ran = subprocess.run(
-                command, cwd=project, env=_env_ddp(project), capture_output=True, text=True
-            )
+            ran = warm_python.run(command, cwd=project, env=_env_ddp(project), timeout=600)
             assert ran.returncode == 0, ran.stderr[-3000:]
             runs.append(
                 [r for r in records(project / "runs" / f"ema-{decay}") if r["split"] == "train"]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import warm_python
 from test_ddp import SMALL, _env_ddp, _torchrun
 from test_project import _env, records, run
 
@@ -75,7 +76,7 @@ def loaded(project: Path, path: Path) -> tuple[dict, str]:
     out = project / "loaded.pt"
     code = LOADED.format(package="ft_demo")
     command = [sys.executable, "-c", code, str(path), str(out)]
-    done = subprocess.run(command, cwd=project, env=_env(project), capture_output=True, text=True)
+    done = warm_python.run(command, cwd=project, env=_env(project), timeout=600)
     assert done.returncode == 0, done.stderr
     return torch.load(out, weights_only=True), done.stdout
 
@@ -232,9 +233,7 @@ def _train(project: Path, run_dir: str, batch: int, nproc: int, *extra: str):
         done = run(project, *args)
     else:
         command = _torchrun(project, *args, nproc=nproc, extra=("--nnodes", "1"))
-        done = subprocess.run(
-            command, cwd=project, env=_env_ddp(project), capture_output=True, text=True
-        )
+        done = warm_python.run(command, cwd=project, env=_env_ddp(project), timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 

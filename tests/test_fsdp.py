@@ -16,6 +16,7 @@ import time
 import launchers
 import pytest
 import torch
+import warm_python
 from test_ddp import (
     SMALL,
     _alive,
@@ -57,9 +58,7 @@ def _train(project, run_dir: str, steps: int, batch: int, nproc: int = 2, timeou
             _torchrun(project, *args, nproc=nproc, extra=("--nnodes", "1")),
             _env_ddp(project),
         )
-    done = subprocess.run(
-        command, cwd=project, env=env, capture_output=True, text=True, timeout=timeout
-    )
+    done = warm_python.run(command, cwd=project, env=env, timeout=timeout)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     return done
 
@@ -107,11 +106,12 @@ def test_a_checkpoint_is_a_folder_of_shards_and_export_writes_plain_weights(
     assert len(list(newest.glob("*.distcp"))) == 2  # one file a rank
     out = project / "exported.pt"
     command = [sys.executable, "-m", PACKAGE, "export", "--checkpoint", newest, "--out", out]
-    done = subprocess.run(command, cwd=project, env=_env(project), capture_output=True, text=True)
+    done = warm_python.run(command, cwd=project, env=_env(project), timeout=600)
     assert done.returncode == 0 and "wrote" in done.stdout, done.stderr
     missing = ["export", "--checkpoint", "runs/none/checkpoints/best"]
-    refused = subprocess.run([sys.executable, "-m", PACKAGE, *missing], cwd=project,
-                             env=_env(project), capture_output=True, text=True)  # fmt: skip
+    refused = warm_python.run(
+        [sys.executable, "-m", PACKAGE, *missing], cwd=project, env=_env(project), timeout=600
+    )
     assert refused.returncode == 1 and not (project / "runs" / "none").exists()
     assert refused.stderr == "error: checkpoint runs/none/checkpoints/best does not exist\n"
     check = f"""
@@ -192,9 +192,7 @@ def test_a_two_process_checkpoint_loads_exactly_under_another_number_of_processe
                    *port,
                    str(script), checkpoints]  # fmt: skip
         env = _env_ddp(project)
-    done = subprocess.run(
-        command, cwd=project, env=env, capture_output=True, text=True, timeout=600
-    )
+    done = warm_python.run(command, cwd=project, env=env, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     # Each rank prints its line at once; torchrun's pipes may join two without a newline (CI saw
     # "... optimizer Truerank 0 of 4: ...", which a word pattern read as one line).
@@ -338,8 +336,7 @@ def test_a_resume_with_another_model_size_is_refused_in_one_line(project, two_pr
     command = _torchrun(project, "train", "--run-dir", "runs/wider", "--max-steps", "50",
                         "--batch-size", "16", *SMALL, "--hidden-dim", "64",
                         extra=("--nnodes", "1", "--max-restarts", "3"))  # fmt: skip
-    done = subprocess.run(command, cwd=project, env=_env_ddp(project), capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = warm_python.run(command, cwd=project, env=_env_ddp(project), timeout=300)
     assert done.returncode == 2  # a refusal, ended at once: a restart would refuse again
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and "hidden_dim" in errors[0] and "-> 64" in errors[0], done.stderr
@@ -366,8 +363,7 @@ def test_a_model_edit_that_changes_shapes_is_refused_in_one_line_naming_them(
     )
     command = _torchrun(edited, "train", "--run-dir", "runs/two", "--max-steps", "50",
                         "--batch-size", "16", *SMALL, extra=("--nnodes", "1"))  # fmt: skip
-    done = subprocess.run(command, cwd=edited, env=_env_ddp(edited), capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+    done = warm_python.run(command, cwd=edited, env=_env_ddp(edited), timeout=300)
     assert done.returncode == 2, done.stderr[-3000:]
     errors = [line for line in done.stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, done.stderr[-3000:]
@@ -386,8 +382,7 @@ def test_checkpoints_by_the_clock_are_taken_by_every_rank_at_one_step_and_resume
     args = ("train", "--run-dir", "runs/clock", "--max-steps", "40", "--batch-size", "16", *SMALL,
             "--ckpt-every", "1000", "--ckpt-minutes", "0.0001", "--keep-last", "100")  # fmt: skip
     command = _torchrun(project, *args, extra=("--nnodes", "1"))
-    done = subprocess.run(command, cwd=project, env=_env_ddp(project), capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = warm_python.run(command, cwd=project, env=_env_ddp(project), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     run_dir = project / "runs" / "clock"
     steps = sorted(int(p.name[5:]) for p in (run_dir / "checkpoints").glob("step-*"))
@@ -397,8 +392,7 @@ def test_checkpoints_by_the_clock_are_taken_by_every_rank_at_one_step_and_resume
         if step > 25:
             shutil.rmtree(run_dir / "checkpoints" / f"step-{step:08d}")
     command = _torchrun(project, *args, extra=("--nnodes", "1"))
-    done = subprocess.run(command, cwd=project, env=_env_ddp(project), capture_output=True,
-                          text=True, timeout=600)  # fmt: skip
+    done = warm_python.run(command, cwd=project, env=_env_ddp(project), timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     resumed = max(step for step in steps if step <= 25)
     assert (

@@ -13,6 +13,7 @@ import subprocess
 import sys
 
 import pytest
+import warm_python
 from test_ddp import _env_ddp, _torchrun
 from test_project import _env, records, render
 from test_store import SIGTERM_AT
@@ -58,7 +59,7 @@ def _render(tmp_path_factory, distributed: str):
     (project / "inject").mkdir()
     (project / "inject" / "sitecustomize.py").write_text(INJECT.format(package=package))
     prepare = [sys.executable, "-m", package, "prepare", "--out", "shards", "--shard-mb", "0.004"]
-    done = subprocess.run(prepare, cwd=project, env=_env(project), capture_output=True, text=True)
+    done = warm_python.run(prepare, cwd=project, env=_env(project), timeout=600)
     assert "wrote 8 train shards (3,686 examples)" in done.stdout, done.stdout + done.stderr
     return project
 
@@ -76,9 +77,7 @@ def _train(
     if stop_at:
         env["SIGTERM_AT"] = str(stop_at)
     command = _torchrun(project, *ARGS, *data, "--run-dir", run_dir, nproc=nproc)
-    return subprocess.run(
-        command, cwd=project, env=env, capture_output=True, text=True, timeout=600
-    )
+    return warm_python.run(command, cwd=project, env=env, timeout=600)
 
 
 def _global_batches(project, ids: str, nproc: int, first_step: int) -> dict[int, list[int]]:

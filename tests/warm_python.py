@@ -12,9 +12,10 @@ stderr apart, the exit status (negative for a signal), and a TimeoutExpired past
 
     python tests/warm_python.py   # the server: a JSON request a line on stdin, a reply a line
 
-Only plain `python -m <pkg>` commands run from the project's folder with PYTHONPATH=src come
-here (`run` says whether a command can); a test that injects faults at start-up (a
-sitecustomize on PYTHONPATH), limits memory or passes interpreter options starts a fresh one.
+Only plain `python -m <pkg>` commands run from the project's folder with src/ last on PYTHONPATH
+come here (`run` says whether a command can). A folder before it that holds a sitecustomize (the
+fault injection's) is imported from in the child as site would at start-up; a test that limits
+memory or passes interpreter options starts a fresh interpreter.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def can_run(command: list[str], cwd: Path, env: dict[str, str]) -> bool:
         len(command) >= 3
         and command[0] == sys.executable
         and command[1] == "-m"
-        and env.get("PYTHONPATH") == str(Path(cwd) / "src")
+        and env.get("PYTHONPATH", "").split(os.pathsep)[-1] == str(Path(cwd) / "src")
         and os.environ.get("SCAFFOLD_TESTS_FRESH") != "1"  # to compare, or to rule it out
         and hasattr(os, "fork")
         and sys.platform.startswith("linux")
@@ -46,20 +47,28 @@ def can_run(command: list[str], cwd: Path, env: dict[str, str]) -> bool:
 
 
 def run(
-    command: list[str], *, cwd: Path, env: dict[str, str], timeout: float
+    command: list[str], *, cwd: Path, env: dict[str, str], timeout: float, merged: bool = False
 ) -> subprocess.CompletedProcess[str]:
     """subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout),
-    forked from the warm server when can_run allows, else a fresh process."""
+    forked from the warm server when can_run allows, else a fresh process. With `merged`, stderr
+    goes where stdout does (stderr=subprocess.STDOUT): stdout holds both, in the order written."""
     if not can_run(command, cwd, env):
         return subprocess.run(
-            command, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+            command,
+            cwd=cwd,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT if merged else subprocess.PIPE,
+            text=True,
+            timeout=timeout,
         )
     with _LOCK, tempfile.TemporaryDirectory(prefix="warm-") as tmp:
-        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        out = Path(tmp) / "stdout"
+        err = out if merged else Path(tmp) / "stderr"
         request = {
             "project": str(cwd),
             "package": command[2],
-            "args": command[3:],
+            "args": [os.fspath(arg) for arg in command[3:]],
             "env": env,
             "stdout": str(out),
             "stderr": str(err),
@@ -67,7 +76,7 @@ def run(
         }
         reply = _ask(request)
         stdout = out.read_text(encoding="utf-8", errors="replace")
-        stderr = err.read_text(encoding="utf-8", errors="replace")
+        stderr = None if merged else err.read_text(encoding="utf-8", errors="replace")
     if reply["returncode"] is None:
         raise subprocess.TimeoutExpired(command, timeout, stdout, stderr)
     return subprocess.CompletedProcess(command, reply["returncode"], stdout, stderr)
@@ -115,14 +124,13 @@ def _start(request: dict) -> int:
     """Forks the child that runs the request's module; its pid."""
     from scaffold.matrix import fork
 
-    outputs = [
-        os.open(request[name], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        for name in ("stdout", "stderr")
-    ]
+    paths = {request["stdout"], request["stderr"]}  # one, opened once, where they are merged
+    opened = {path: os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for path in paths}
+    outputs = [opened[request[name]] for name in ("stdout", "stderr")]
     project = Path(request["project"])
     run = (project, request["package"], request["args"], request["env"])
     pid = fork.start_child(*outputs, lambda: fork._run_module(*run))
-    for fd in outputs:
+    for fd in opened.values():
         os.close(fd)
     return pid
 

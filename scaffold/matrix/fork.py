@@ -66,6 +66,11 @@ def fresh_state() -> FreshState:
 # A module missing here is simply not preloaded (the project then imports it, or fails, itself).
 PRELOAD = (
     "numpy",
+    "PIL.Image",  # image's data
+    "pyarrow.compute",  # the tables' and the shards' readers
+    "pyarrow.csv",
+    "pyarrow.parquet",
+    "safetensors.torch",  # finetune's weights
     "torch",
     "torch._dynamo",  # torch.optim imports it when an optimizer is built
     "torch._inductor.compile_fx",
@@ -280,13 +285,16 @@ def _run_module(project: Path, package: str, args: list[str], env: dict[str, str
     os.chdir(project)
     os.environ.clear()
     os.environ.update(env)
-    src = project / "src"
-    # What `python -m` with PYTHONPATH=src starts with: the working folder, then PYTHONPATH.
-    sys.path[:] = [str(project), str(src), *(p for p in fresh.path if p not in ("", str(src)))]
+    # What `python -m` starts with: the working folder, then PYTHONPATH's folders (src/, and any
+    # other given before it), then the interpreter's own.
+    given = [str(project / p) for p in env.get("PYTHONPATH", "src").split(os.pathsep) if p]
+    sys.path[:] = [str(project), *given, *(p for p in fresh.path if p not in ("", *given))]
+    src = next((Path(p) for p in given if (Path(p) / package).is_dir()), project / "src")
     sys.argv = [str(src / package / "__main__.py"), *args]
     warnings.filters[:] = fresh.warning_filters
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    _import_sitecustomize(given)
     torch = sys.modules.get("torch")
     if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
@@ -307,3 +315,16 @@ def _run_module(project: Path, package: str, args: list[str], env: dict[str, str
         sys.stdout.flush()
         sys.stderr.flush()
     return code
+
+
+def _import_sitecustomize(folders: list[str]) -> None:
+    """What site does as an interpreter starts: imports `sitecustomize` where a PYTHONPATH folder
+    holds one (the tests' fault injection does), printing its error, as site does, if it fails."""
+    if not any((Path(folder) / "sitecustomize.py").is_file() for folder in folders):
+        return
+    sys.modules.pop("sitecustomize", None)
+    try:
+        importlib.import_module("sitecustomize")
+    except Exception as error:
+        said = f"{type(error).__name__}: {error}"
+        print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{said}", file=sys.stderr)
