@@ -286,6 +286,14 @@ def test_workers_stop_with_their_launcher_killed_and_a_relaunch_resumes_bit_iden
     assert records(project / "runs" / "orphaned") == records(two_process_run)  # bit for bit
 
 
+def _python(project, code: str) -> subprocess.CompletedProcess[str]:
+    """`python -c code` in the project's environment, which must exit 0."""
+    done = subprocess.run([sys.executable, "-c", code], cwd=project, env=_env(project),
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done
+
+
 def test_loader_workers_start_from_a_server_that_imported_all_they_unpickle(project):
     """Loader workers start from a forkserver (not forked from a rank: CPython gh-112275). Each one
     unpickles its dataset, collate and seeding functions, importing any module the server has not:
@@ -310,9 +318,7 @@ def test_loader_workers_start_from_a_server_that_imported_all_they_unpickle(proj
         "missing = sorted(m for m in named if m not in eval(loaded.stdout))\n"
         "print(sorted(named), preload, 'missing:', missing)\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], cwd=project, env=_env(project),
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _python(project, probe)
     assert "ddp_demo.runtime.loader" in done.stdout, done.stdout  # the functions' module is named
     assert done.stdout.rstrip().endswith("missing: []"), done.stdout
 
@@ -331,9 +337,7 @@ def test_a_repeat_of_the_launchers_death_signal_inside_its_handler_does_not_abor
         "    distributed._launcher_ended(signal.SIGHUP, None)\n"
         "print('stopping by', signal.Signals(stop.signum).name)\n"
     )
-    done = subprocess.run([sys.executable, "-c", probe], cwd=project, env=_env(project),
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.stdout + done.stderr
+    done = _python(project, probe)
     assert done.stdout.splitlines() == ["stopping by SIGTERM"], done.stdout + done.stderr
     assert done.stderr.splitlines() == ["the launcher ended: stopping after this step"], done.stderr
 
