@@ -82,9 +82,8 @@ def init_distributed(device_type: str) -> Dist:
 # Loader workers start from a server process, not forked from this one: the process group's threads
 # take Python's thread-state lock, and a fork while one held it deadlocked the worker for good
 # (CPython gh-112275, in 3.11.7 and before: a validation's loader never started, in 2 of 2 CI runs).
-# The server imports the modules a worker unpickles its dataset, collate and seeding functions from
-# (and torch) once: each worker then starts without importing them. Importing runtime/loader.py (and
-# with it this module) took a worker 0.8 s of each start in an fsdp project, a loader's every start.
+# The server imports what a worker unpickles (the data module, runtime/loader.py, torch) once: each
+# worker then starts without importing them (the loader's imports took an fsdp worker 0.8 s).
 WORKER_START = multiprocessing.get_context("forkserver")
 PROJECT = __package__.rpartition(".")[0]  # the package above runtime/
 WORKER_START.set_forkserver_preload([f"{PROJECT}.data_shards", f"{PROJECT}.runtime.loader"])
@@ -107,10 +106,8 @@ def stop_with_launcher() -> None:
 
 def _launcher_ended(signum: int, frame) -> None:
     """Stops this worker as SIGTERM does, once: Linux sends the signal again each time the dying
-    launcher's thread that is its parent ends and another takes its place (twice in 3 kills of a
-    process of 9 threads), and a second SIGTERM would abort the stop. A repeat can even run this
-    handler inside itself, before its first line has run (CI saw the abort): the lock, taken in one
-    call, lets one through."""
+    launcher's thread that is its parent ends and another takes its place, a second SIGTERM would
+    abort the stop, and a repeat can run this inside itself before its first line: the lock lets one."""
     if not LAUNCHER_ENDED.acquire(blocking=False):
         return
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
