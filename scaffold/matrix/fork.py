@@ -289,8 +289,7 @@ def _run_module(project: Path, package: str, args: list[str], env: dict[str, str
     # other given before it), then the interpreter's own.
     given = [str(project / p) for p in env.get("PYTHONPATH", "src").split(os.pathsep) if p]
     sys.path[:] = [str(project), *given, *(p for p in fresh.path if p not in ("", *given))]
-    src = next((Path(p) for p in given if (Path(p) / package).is_dir()), project / "src")
-    sys.argv = [str(src / package / "__main__.py"), *args]
+    sys.argv = [str(project / "src" / package / "__main__.py"), *args]  # runpy then sets argv[0]
     warnings.filters[:] = fresh.warning_filters
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
