@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from hung import drained, killed_after
 from test_ddp import _workers
 from test_project import _command, _env, render
 
@@ -43,6 +44,8 @@ SMALL_RUN = (
     "--eval-every", "25", "--log-every", "1", "--deterministic", "--num-workers", "1",
     "--max-steps", str(MAX_STEPS),
 )  # fmt: skip
+# A run of SMALL_RUN takes 10-40 s here: one past this hung, and fails with what it was doing.
+RUN_LIMIT_S = 300
 READ = {"cwd": "/", "capture_output": True, "text": True, "timeout": 120}
 KEYS = {
     "AWS_ACCESS_KEY_ID": "testing",
@@ -212,7 +215,8 @@ def train(
     with subprocess.Popen(
         command, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         start_new_session=True,
-    ) as proc:  # fmt: skip
+    ) as proc, killed_after(proc.pid, RUN_LIMIT_S) as hung:  # fmt: skip
+        reader, errors = drained(proc.stderr)
         out = []
         for line in proc.stdout:
             out.append(line)
@@ -222,10 +226,13 @@ def train(
             if stop_at is not None and line.startswith(f"step {stop_at}/"):
                 os.killpg(proc.pid, signal.SIGKILL)
                 break
-        stdout, stderr = "".join(out) + proc.stdout.read(), proc.stderr.read()
+        stdout = "".join(out) + proc.stdout.read()
         proc.wait()
+        reader.join()
     with contextlib.suppress(ProcessLookupError):  # its loader worker
         os.killpg(proc.pid, signal.SIGKILL)
+    stderr = "".join(errors)
+    assert not hung, f"{hung[0]}\nstdout:\n{stdout[-3000:]}\nstderr:\n{stderr[-3000:]}"
     return proc.returncode, stdout, stderr
 
 
