@@ -49,6 +49,14 @@ if mode == "rank-fails":
     if rank == "1":
         sys.exit(2)
     time.sleep(60)
+if mode == "forkserver":
+    from multiprocessing import forkserver
+    said = f"a worker of rank {rank}"
+    worker = multiprocessing.get_context("forkserver").Process(target=print, args=(said,))
+    worker.start()
+    worker.join()
+    server = Path(f"/proc/{forkserver._forkserver._forkserver_pid}/cmdline").read_bytes()
+    print(f"forkserver of rank {rank}: {server.replace(bytes(1), b' ').decode()}")
 if mode == "hang":
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     Path("grandchild").write_text(str(child.pid))
@@ -137,6 +145,16 @@ def test_ddp_checks_run_as_two_ranks(tmp_path):
 
     assert status == 0
     assert "rank 0 of 2" in output and "rank 1 of 2" in output
+
+
+def test_a_ranks_loader_workers_start_from_a_forkserver_forked_from_it(tmp_path):
+    """Not from multiprocessing's fresh interpreter importing torch again (fork._forkserver)."""
+    status, output = _in_worker(tmp_path, "forkserver", True, 60)
+
+    assert status == 0, output
+    assert "a worker of rank 0" in output and "a worker of rank 1" in output
+    servers = [line for line in output.splitlines() if line.startswith("forkserver of rank")]
+    assert len(servers) == 2 and not any("multiprocessing.forkserver" in s for s in servers), output
 
 
 def test_a_failing_rank_stops_the_other(tmp_path):

@@ -256,7 +256,7 @@ def _launch(project: Path, package: str, args: list[str], env: dict[str, str], r
                     "MASTER_ADDR": "127.0.0.1",
                     "MASTER_PORT": str(port),
                 }
-                code = _run_module(project, package, args, rank_env)
+                code = _run_module(project, package, args, rank_env, forkserver=True)
             finally:
                 os._exit(code)
         pids.append(pid)
@@ -278,9 +278,11 @@ def _launch(project: Path, package: str, args: list[str], env: dict[str, str], r
     return failed
 
 
-def _run_module(project: Path, package: str, args: list[str], env: dict[str, str]) -> int:
+def _run_module(
+    project: Path, package: str, args: list[str], env: dict[str, str], forkserver: bool = False
+) -> int:
     """`python -m <pkg> *args` in this (forked) process, from a fresh interpreter's state; its
-    exit status."""
+    exit status. With `forkserver`, multiprocessing's forkserver is started first (_forkserver)."""
     fresh = fresh_state()
     os.chdir(project)
     os.environ.clear()
@@ -297,6 +299,8 @@ def _run_module(project: Path, package: str, args: list[str], env: dict[str, str
     torch = sys.modules.get("torch")
     if torch is not None and env.get("OMP_NUM_THREADS", "").isdigit():
         torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+    if forkserver:
+        _forkserver()
     code: int = 0
     try:
         runpy.run_module(package, run_name="__main__", alter_sys=True)
@@ -314,6 +318,36 @@ def _run_module(project: Path, package: str, args: list[str], env: dict[str, str
         sys.stdout.flush()
         sys.stderr.flush()
     return code
+
+
+def _forkserver() -> None:
+    """Starts this process's multiprocessing forkserver as a fork of it, not as the fresh
+    interpreter multiprocessing starts, which imports torch again and the project's preload list:
+    2-3 s of CPU for each rank of every ddp and fsdp check whose loader has workers (they start
+    from a forkserver there). A rank is single-threaded here, its environment and sys.path the
+    check's, its sitecustomize imported; the workers import what they unpickle, as a fresh
+    forkserver's do for a module its preload list leaves out."""
+    from multiprocessing import connection, forkserver, resource_tracker
+
+    server = forkserver._forkserver
+    resource_tracker.ensure_running()  # as ForkServer.ensure_running: the workers share this one
+    address = connection.arbitrary_address("AF_UNIX")
+    with socket.socket(socket.AF_UNIX) as listener:
+        listener.bind(address)
+        os.chmod(address, 0o600)
+        listener.listen()
+        alive_r, alive_w = os.pipe()  # the server ends when this process, its last client, does
+        pid = os.fork()
+        if pid == 0:
+            os.close(alive_w)
+            try:
+                forkserver.main(listener.fileno(), alive_r, [])
+            finally:
+                os._exit(0)
+        os.close(alive_r)
+    server._forkserver_address = address
+    server._forkserver_alive_fd = alive_w
+    server._forkserver_pid = pid
 
 
 def _import_sitecustomize(folders: list[str]) -> None:
