@@ -13,7 +13,7 @@ import torch
 from ..config import Config
 from ..data import load_splits
 from ..runtime.device import sample_utilization, synchronize
-from ..runtime.distributed import is_main_process
+from ..runtime.distributed import any_rank_max, is_main_process
 from ..runtime.engine import Engine, setup
 from ..runtime.loader import build_loaders, close
 from ..runtime.progress import announced
@@ -21,7 +21,8 @@ from ..runtime.state import TrainState, Waits, micro_batches, waited
 from ..train import train_step
 
 LOADER_BATCHES = 200  # batches timed when iterating the loader alone
-WINDOW_STEPS = 30  # optimizer steps timed with compute alone and with real loading
+WINDOW_STEPS = 30  # optimizer steps timed with compute alone and with real loading, or fewer:
+WINDOW_SECONDS = 2.0  # as many as fit in this much compute (ROUNDS at least), where steps are slow
 ROUNDS = 4  # alone, loading and compute are each timed in rounds; the fastest round counts
 SWEEP_BATCHES = 30  # batches timed for each worker count tried, once its workers have started
 LOADER_WARN_SHARE = 0.10  # a step waiting for data over a tenth of its time: fix loading before the model
@@ -49,8 +50,7 @@ def training_batches(cfg: Config):
 def time_loader(cfg: Config) -> LoaderTiming:
     device, splits, batches = training_batches(cfg)
     with closing(_phase(10 + LOADER_BATCHES, "batch", "the loader alone")) as ticks:
-        for _ in itertools.islice(ticks, 10):  # start the workers and fill their queues
-            next(batches)
+        time_steps(next, batches, device, 10, ticks)  # starts the workers and fills their queues
         rounds = (time_steps(next, batches, device, LOADER_BATCHES // ROUNDS, ticks) for _ in range(ROUNDS))
         load_per_batch = min(rounds)
     by_workers = samples_per_s_by_workers(splits, cfg, device)
@@ -58,19 +58,19 @@ def time_loader(cfg: Config) -> LoaderTiming:
     step = partial(train_step, Engine(cfg, splits, device), cfg=cfg, device=device)
     fixed = itertools.cycle([tuple(t.to(device) for t in next(batches)) for _ in range(cfg.grad_accum_steps)])
     with closing(_phase(3 + WINDOW_STEPS // ROUNDS * ROUNDS, "step", "training steps alone")) as ticks:
-        time_steps(step, fixed, device, 3, ticks)  # warm-up
-        compute = min(time_steps(step, fixed, device, WINDOW_STEPS // ROUNDS, ticks) for _ in range(ROUNDS))
+        time_steps(step, fixed, device, 2, ticks)  # warm-up
+        fit = int(WINDOW_SECONDS / time_steps(step, fixed, device, 1, ticks))
+        steps = min(WINDOW_STEPS, max(ROUNDS, *any_rank_max(fit)))  # the same on every rank
+        compute = min(time_steps(step, fixed, device, steps // ROUNDS, ticks) for _ in range(ROUNDS))
     loading = waited(batches, waits := Waits())  # adds each batch's wait to waits.data
-    with closing(_phase(WINDOW_STEPS, "step", "training steps with the loader")) as ticks:
-        window, gpu_util = sample_utilization(
-            device, lambda: time_steps(step, loading, device, WINDOW_STEPS, ticks)
-        )
+    with closing(_phase(steps, "step", "training steps with the loader")) as ticks:
+        window, gpu_util = sample_utilization(device, lambda: time_steps(step, loading, device, steps, ticks))
     return LoaderTiming(
         load_per_step=load_per_batch * cfg.grad_accum_steps,
         samples_per_s_alone=cfg.batch_size / load_per_batch,
         step=compute,
         samples_per_s=cfg.batch_size * cfg.grad_accum_steps / window,
-        wait_share=waits.data / (window * WINDOW_STEPS),
+        wait_share=waits.data / (window * steps),
         by_workers=by_workers,
         gpu_util=gpu_util,
     )
