@@ -65,12 +65,17 @@ def test_a_changed_copier_yml_is_asked_again(fresh_cache, tmp_path):
 
 def test_the_kept_answer_is_what_copiers_questionnaire_says(monkeypatch):
     """The hidden questions' defaults, given as answers to save time, change no verdict: every
-    20th combination and every refused one, asked of the questionnaire with nothing added."""
+    20th combination and the refused ones at every 4th place (a quarter of the 1,920, all refused by
+    one rule: mps runs no ddp or fsdp), asked of the questionnaire with nothing added."""
     validate = _compat.answer_validator(template_dir())
     valid = {tuple(c.items()) for c in combinations()}
     every = all_combinations()
-    sample = [c for i, c in enumerate(every) if i % 20 == 0 or tuple(c.items()) not in valid]
-    assert len(sample) > 100
+    sample = [
+        c
+        for i, c in enumerate(every)
+        if i % 20 == 0 or (i % 4 == 1 and tuple(c.items()) not in valid)
+    ]
+    assert len(sample) > 100 and any(tuple(c.items()) not in valid for c in sample)
 
     for answers in sample:
         assert (validate(answers) is None) == (tuple(answers.items()) in valid), answers
