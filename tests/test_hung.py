@@ -29,7 +29,9 @@ def test_a_group_past_its_time_is_killed_with_its_processes_and_stacks_kept():
     lines = hung[0].splitlines()
     ps_lines = [line for line in lines if line[:6].strip().isdigit() and "sleep(600)" in line]
     assert len(ps_lines) == 2, hung[0]  # both processes
-    assert hung[0].count("--- py-spy dump") == 2 and hung[0].count('"MainThread"') == 2, hung[0]
+    # each one's stack (py-spy names a thread only once it can read the name: not always here)
+    assert hung[0].count("--- py-spy dump") == 2, hung[0]
+    assert hung[0].count("<module> (<string>:1)") == 2, hung[0]
 
 
 def test_a_group_within_its_time_is_left_alone():
