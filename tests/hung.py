@@ -19,13 +19,9 @@ def group_state(pgid: int) -> str:
         ["ps", "-ww", "-o", "pid,ppid,stat,etimes,args", "-g", str(pgid)],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
-    lines = listed.stdout.splitlines()
-    state = [*lines]
+    state = listed.stdout.splitlines()
     spy = shutil.which("py-spy")
-    for line in lines[1:]:
-        pid = line.split()[0]
-        if spy is None:
-            break
+    for pid in [line.split()[0] for line in state[1:]] if spy else []:
         with contextlib.suppress(subprocess.TimeoutExpired):
             dump = subprocess.run(
                 [spy, "dump", "--pid", pid], capture_output=True, text=True, timeout=60
